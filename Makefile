@@ -1,0 +1,30 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both create or reuse .venv.
+# torch==2.13.0 is installed first on purpose: a plain `torch` requirement would pull a
+# multi-GB CUDA build, while the pinned CPU wheel is what this project is tested on.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.feedbackrl-installed
+
+.PHONY: setup demo test test-all lint bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/feedbackrl demo --out runs/demo
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+test-all: setup
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: setup
+	$(PY) -m ruff check .
