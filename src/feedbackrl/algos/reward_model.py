@@ -1,0 +1,55 @@
+"""Reward-model training: the Bradley-Terry pairwise loss.
+
+A reward model scores a (prompt, response) with a scalar r. Under the Bradley-Terry model
+(Bradley & Terry 1952), P(chosen > rejected) = sigmoid(r_chosen - r_rejected); training
+minimises the negative log-likelihood of the human choices, -log sigmoid(r_c - r_r), as in
+Stiennon et al. 2020 ("Learning to summarize", eq. 1) and Ouyang et al. 2022 (InstructGPT, eq. 1).
+
+`margin` is Llama 2's variant (Touvron et al. 2023, eq. 2): -log sigmoid(r_c - r_r - m(r)) with a
+per-pair margin that is larger when annotators said the chosen response is much better.
+
+Departures: InstructGPT puts all C(K, 2) comparisons from one prompt in the same batch and
+divides by C(K, 2); here every row is one pair and the loss is the plain mean over rows, so the
+caller decides how pairs are batched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def pairwise_accuracy(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tensor:
+    """(N,), (N,) -> scalar fraction of pairs with r_chosen > r_rejected; a tie counts one half.
+
+    Counting ties as one half makes a constant reward model score 0.5 (chance), not 0.
+    """
+    diff = chosen_rewards.detach().float() - rejected_rewards.detach().float()
+    return ((diff > 0).float() + 0.5 * (diff == 0).float()).mean()
+
+
+def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor,
+                       margin: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """chosen_rewards, rejected_rewards, margin: (N,) -> mean -log sigmoid(r_c - r_r - margin).
+
+    Stats: `rm/accuracy` (ties count one half), `rm/margin` (mean r_c - r_r), and the mean
+    chosen and rejected rewards.
+    """
+    if chosen_rewards.shape != rejected_rewards.shape or chosen_rewards.dim() != 1:
+        raise ValueError("chosen_rewards and rejected_rewards must both be (N,); got "
+                         f"{tuple(chosen_rewards.shape)} and {tuple(rejected_rewards.shape)}")
+    diff = chosen_rewards.float() - rejected_rewards.float()  # (N,)
+    if margin is not None:
+        if margin.shape != diff.shape:
+            raise ValueError(f"margin must be (N,) = {tuple(diff.shape)}; got {tuple(margin.shape)}")
+        diff = diff - margin.float()
+    loss = -F.logsigmoid(diff).mean()
+    with torch.no_grad():
+        stats = {
+            "rm/accuracy": pairwise_accuracy(chosen_rewards, rejected_rewards),
+            "rm/margin": (chosen_rewards - rejected_rewards).float().mean(),
+            "rm/chosen_mean": chosen_rewards.float().mean(),
+            "rm/rejected_mean": rejected_rewards.float().mean(),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}

@@ -1,0 +1,52 @@
+import pytest
+import torch
+
+from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy
+
+
+def test_bradley_terry_hand_computed():
+    # Pair 0: r_c - r_r = 2 - 0 = 2 -> -log sigmoid(2) = log(1 + e^-2) = log(1.135335) = 0.126928
+    # Pair 1: r_c - r_r = 0 - 0 = 0 -> -log sigmoid(0) = log 2 = 0.693147
+    # mean = (0.126928 + 0.693147) / 2 = 0.410038
+    chosen = torch.tensor([2.0, 0.0], requires_grad=True)
+    rejected = torch.tensor([0.0, 0.0])
+    loss, stats = bradley_terry_loss(chosen, rejected)
+    assert loss.item() == pytest.approx(0.410038, abs=1e-6)
+    # Accuracy: pair 0 correct (1), pair 1 a tie (1/2) -> 0.75. Mean margin (2 + 0) / 2 = 1.
+    assert stats["rm/accuracy"].item() == pytest.approx(0.75)
+    assert stats["rm/margin"].item() == pytest.approx(1.0)
+    assert stats["rm/chosen_mean"].item() == pytest.approx(1.0)
+    assert stats["rm/rejected_mean"].item() == pytest.approx(0.0)
+    # d/dr_c [-log sigmoid(d)] / N = -(1 - sigmoid(d)) / 2: pair 1 has d = 0 -> -(1 - 0.5)/2 = -0.25;
+    # pair 0 has d = 2 -> -(1 - 0.880797)/2 = -0.059601.
+    loss.backward()
+    assert chosen.grad.tolist() == pytest.approx([-0.059601, -0.25], abs=1e-6)
+    assert all(not v.requires_grad for v in stats.values())
+
+
+def test_bradley_terry_with_margin_hand_computed():
+    # d - m: pair 0: (3 - 1) - 2 = 0 -> log 2 = 0.693147; pair 1: (1 - 2) - 0 = -1 -> log(1 + e) = 1.313262
+    # mean = (0.693147 + 1.313262) / 2 = 1.003204
+    chosen = torch.tensor([3.0, 1.0])
+    rejected = torch.tensor([1.0, 2.0])
+    margin = torch.tensor([2.0, 0.0])
+    loss, stats = bradley_terry_loss(chosen, rejected, margin=margin)
+    assert loss.item() == pytest.approx(1.003204, abs=1e-6)
+    # Stats describe the rewards, not the margin-shifted logits: one of two pairs right, mean r_c - r_r
+    # = (2 + -1) / 2 = 0.5.
+    assert stats["rm/accuracy"].item() == pytest.approx(0.5)
+    assert stats["rm/margin"].item() == pytest.approx(0.5)
+
+
+def test_pairwise_accuracy_ties_count_half():
+    # correct, wrong, tie, tie -> (1 + 0 + 0.5 + 0.5) / 4 = 0.5
+    chosen = torch.tensor([1.0, 0.0, 3.0, -1.0])
+    rejected = torch.tensor([0.0, 1.0, 3.0, -1.0])
+    assert pairwise_accuracy(chosen, rejected).item() == pytest.approx(0.5)
+
+
+def test_bradley_terry_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="must both be"):
+        bradley_terry_loss(torch.zeros(3), torch.zeros(2))
+    with pytest.raises(ValueError, match="margin"):
+        bradley_terry_loss(torch.zeros(3), torch.zeros(3), margin=torch.zeros(2))
