@@ -156,6 +156,7 @@ def test_bad_config_is_an_error() -> None:
 HUGE = [
     ("right-assoc-tower", r"\boxed{9^{9^{9^{9}}}}"),
     ("plain-tower", "Answer: 9^9^9^9"),
+    ("left-assoc-tower", "Answer: 9^9^99^9^99^9^9"),
     ("huge-exponent", r"\boxed{9^{387420489}}"),
     ("huge-factorial", r"\boxed{(10^{100})!}"),
 ]
