@@ -2,6 +2,45 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
 
 verify_app = typer.Typer(help="Try a reward source by hand; prints one JSON verdict.", no_args_is_help=True)
+
+
+# Reward modules are imported inside each command: `feedbackrl --help` stays fast, and a command
+# only pays for its own dependencies (math pulls in SymPy).
+
+
+@verify_app.command("math")
+def verify_math(
+    response: str = typer.Option(..., help="The model's completion, e.g. 'so \\boxed{1/2}'."),
+    answer: str = typer.Option(..., help="The gold answer, e.g. '\\frac{1}{2}'."),
+    timeout_s: float = typer.Option(3.0, help="Time bound on parsing and comparing, in seconds."),
+) -> None:
+    """Extract the final answer from RESPONSE and check it against the gold ANSWER."""
+    from feedbackrl.rewards.math import MathVerifier
+    from feedbackrl.rewards.verdict import Problem
+
+    typer.echo(MathVerifier(timeout_s=timeout_s)(Problem(prompt="", answer=answer), response).to_json())
+
+
+@verify_app.command("constraints")
+def verify_constraints(
+    response: str = typer.Option(..., help="The model's completion."),
+    constraints: Path = typer.Option(..., help='JSON file with a list of specs: [{"id": "no_commas"}, ...].'),
+) -> None:
+    """Check RESPONSE against instruction-following constraints; score = fraction satisfied."""
+    from feedbackrl.rewards.instructions import ConstraintsVerifier
+    from feedbackrl.rewards.verdict import Problem
+
+    try:
+        specs = json.loads(constraints.read_text())
+        verifier = ConstraintsVerifier.from_specs(specs)
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        typer.echo(f"error: bad constraints file {constraints}: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    typer.echo(verifier(Problem(prompt="", answer=specs), response).to_json())
+

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from feedbackrl.cli_verify import verify_app
 from feedbackrl.rewards.instructions import (
     CHECKERS,
     ConstraintsVerifier,
@@ -182,3 +187,30 @@ def test_bad_list_names_the_index() -> None:
 def test_params_come_from_signatures() -> None:
     assert [p.describe() for p in checker_params("section_count")] == [
         "num: int", "relation: str = 'at least'", "splitter: str = 'Section'"]
+
+
+def test_cli_prints_one_json_verdict(tmp_path: Path) -> None:
+    specs = tmp_path / "specs.json"
+    # "hi, there": has a comma (fail), 2 words <= 9 (pass) -> 1/2
+    specs.write_text(json.dumps([{"id": "no_commas"},
+                                 {"id": "length_words", "relation": "at most", "num": 9}]))
+    args = ["constraints", "--response", "hi, there", "--constraints", str(specs)]
+    result = CliRunner().invoke(verify_app, args)
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    assert (verdict["score"], verdict["details"]["satisfied"]) == (0.5, 1)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    pytest.param("[{'id': 'no_commas'}]", "Expecting property name", id="not-json"),
+    pytest.param('[{"id": "bogus"}]', "constraint #0: unknown constraint id 'bogus'", id="unknown-id"),
+    pytest.param(None, "No such file", id="missing-file"),
+])
+def test_cli_bad_constraints_file(tmp_path: Path, content: str | None, message: str) -> None:
+    specs = tmp_path / "specs.json"
+    if content is not None:
+        specs.write_text(content)
+    result = CliRunner().invoke(verify_app, ["constraints", "--response", "x", "--constraints", str(specs)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert "bad constraints file" in result.stderr and message in result.stderr

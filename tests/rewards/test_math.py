@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from typer.testing import CliRunner
 
+from feedbackrl.cli_verify import verify_app
 from feedbackrl.rewards.math import (
     DEFAULT_ORDER,
     EXTRACTORS,
@@ -243,3 +246,11 @@ def test_dead_child_gives_an_error_verdict_then_is_replaced() -> None:
         assert pool.compare("1", "1", timeout_s=2.0).equal
     finally:
         pool.close()
+
+
+def test_cli_prints_one_json_verdict() -> None:
+    result = CliRunner().invoke(verify_app, ["math", "--response", r"so \boxed{0.5}", "--answer", r"\frac12"])
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    assert (verdict["score"], verdict["details"]["rule"]) == (1.0, "boxed")
+    assert result.stdout.count("\n") == 1
