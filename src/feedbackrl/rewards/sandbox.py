@@ -1,0 +1,161 @@
+"""Run an untrusted Python program in a throwaway Linux sandbox; report what it did, not a score.
+
+This is the host half, called from the trainer. One job (one program, one problem's tests)::
+
+    host --spawn--> unshare --net --pid --mount --ipc --uts --fork --kill-child
+                      └─ judge (sandbox_judge.py): PID 1 of a fresh PID namespace, root, our code only
+                           └─ runner, forked per attempt: job-unique uid, rlimits, runs the program
+                              and then the tests' checks in-process (sandbox_harness.py)
+
+Threat model. The program is arbitrary Python written by a policy under optimisation: buggy, or
+actively looking for reward. It may burn CPU, memory, disk, processes or output; write or read
+files; open sockets; signal or outlive its parent; or fake success. We protect the host (files,
+processes, network, environment secrets), concurrent jobs, and the integrity of the score.
+
+Mechanisms, each closing a hole:
+- Namespaces. Network: only a loopback that is down, so no connection to anything, host
+  services on 127.0.0.1 included. PID: the judge is init, so `kill(-1)` from it after each attempt,
+  and the kernel when it exits, kill every process of the job, daemons and double forks included.
+  Mount: every mount read-only and nosuid, /root and /home hidden behind empty tmpfs (the Python
+  install is re-exposed read-only if it lives there), a fresh /proc that shows only the job, and a
+  fresh size-capped tmpfs working directory and /dev/shm per attempt; nothing is written to disk,
+  so nothing needs removing. IPC and UTS: private.
+- Privileges. The runner switches to a uid/gid drawn at random from [UID_MIN, UID_MAX), no groups,
+  PR_SET_NO_NEW_PRIVS: it cannot signal, ptrace or read the judge or any host process, and
+  RLIMIT_NPROC (which root ignores) caps fork bombs per job. rlimits also cap CPU time, address
+  space (`memory_mb`), file size and core dumps. The environment is empty.
+- Time and output. The judge gives each test `timeout_s` of wall clock and caps output, reading
+  the pipes as they fill; the host adds an overall deadline, kills the session, and then scans
+  /proc for any process still running as the job's uid (expected none; the count is returned).
+- Score integrity. Expected stdout and the literal side of `a == b` asserts never enter the
+  sandbox: the runner reports the *values* it computed and the host compares them. Reports go
+  through their own pipe, each line prefixed with a per-job random nonce, so printing "PASS" does
+  nothing, and leaving early (`sys.exit`, `os._exit`, atexit hooks, signals) leaves a test without
+  its report, which fails it. Values are encoded only from exact builtin types, so an object whose
+  `__eq__` always says True is refused. Test expressions are compiled before the program runs and
+  evaluated with a snapshot of the original builtins; the harness calls only references it saved
+  before the program ran, so rebinding `AssertionError`, `eval`, `BaseException` or
+  `sys.excepthook` changes nothing.
+
+Residual risks, accepted: an assert that is not a plain `a == b` (say `math.isclose(f(x), 1.0)`)
+is judged inside the runner, so a program that monkeypatches the modules the assert uses, or that
+introspects the harness (frames, gc, /proc/self/mem) to learn the nonce, can forge it. Files that
+everyone may read stay readable (read-only, not invisible). Kernel exploits and timing side
+channels are out of scope. Without root and the namespaces `require_isolation` raises
+`SandboxUnavailable`; with `isolate=False` programs run with rlimits, a session and (as root) a
+separate uid only: no network, filesystem or PID isolation.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+UID_MIN, UID_MAX = 1 << 20, 1 << 30  # far above real accounts, so one uid names one job
+_JUDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_judge.py")
+# -I: ignore PYTHON* variables and the user site; -S: no site-packages (programs get the
+# standard library only, and start faster); -B: the filesystem is read-only anyway.
+_JUDGE_CMD = [sys.executable, "-I", "-S", "-B", _JUDGE]
+_UNSHARE = ["unshare", "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """The kernel or the privileges here cannot provide the isolation the sandbox needs."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for one program; `timeout_s` applies to each test separately."""
+
+    timeout_s: float = 2.0
+    memory_mb: int = 512
+    max_output_bytes: int = 1_000_000
+
+
+@cache
+def probe() -> dict[str, bool]:
+    """Check, once per process, which isolation this machine grants: {mechanism: works}."""
+    found = {"linux": sys.platform == "linux", "root": os.geteuid() == 0,
+             "unshare": shutil.which("unshare") is not None}
+    if not all(found.values()):
+        return found | {"namespaces": False}
+    try:
+        out = subprocess.run([*_UNSHARE, *_JUDGE_CMD, "--probe"], capture_output=True, env={},
+                             timeout=30, check=True)
+        return found | {"namespaces": True} | marshal.loads(out.stdout)
+    except (subprocess.SubprocessError, OSError, EOFError, ValueError, TypeError):
+        return found | {"namespaces": False}
+
+
+def require_isolation() -> None:
+    """Return if every isolation mechanism works here; else raise SandboxUnavailable naming the gaps."""
+    missing = [name for name, ok in probe().items() if not ok]
+    if missing:
+        raise SandboxUnavailable(
+            f"the code sandbox cannot isolate programs here: {', '.join(missing)} unavailable "
+            f"(probe: {probe()}). It needs Linux, root, util-linux `unshare`, and network, PID and "
+            "mount namespaces (a VM, or a container run with --privileged). Pass allow_unsafe=True "
+            "to run programs anyway with rlimits and a process session only.")
+
+
+def run_program(code: str, *, inputs: list[str] | None = None, checks: list[list[dict]] | None = None,
+                limits: Limits = Limits(), isolate: bool = True) -> dict:
+    """Run `code` once per stdin string in `inputs` (io style), or once with `checks` (assert style).
+
+    `checks[i]` lists test i's checks, each {"eq": [src | None, src | None]} (the runner reports the
+    value of each non-None side), {"truth": src} or {"stmt": src}. Returns {"tests": [{"outcome",
+    "msgs", "stderr", "stdout" (io)}, ...], "attempts": n, "leaked": n} or {"error": text}.
+    """
+    n_tests = len(inputs if inputs is not None else checks or [])
+    uid = UID_MIN + secrets.randbelow(UID_MAX - UID_MIN)
+    spec = {"code": code, "inputs": inputs, "checks": checks, "uid": uid, "isolate": isolate,
+            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s),
+            "memory_mb": int(limits.memory_mb), "max_output_bytes": int(limits.max_output_bytes)}
+    # A crash can cost a test a reload as well: two deadlines per test, plus start-up slack.
+    budget = 2 * (n_tests + 1) * limits.timeout_s + 10
+    cmd = [*_UNSHARE, *_JUDGE_CMD] if isolate else _JUDGE_CMD
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={}, cwd="/", start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(marshal.dumps(spec), timeout=budget)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b"the judge overran the job's overall deadline"
+        finally:
+            _kill_group(proc.pid)  # --kill-child takes the judge, and with it the PID namespace
+    leaked = _kill_uid(uid) if os.geteuid() == 0 else 0
+    try:
+        return marshal.loads(out) | {"leaked": leaked}
+    except (EOFError, ValueError, TypeError):
+        tail = err[-500:].decode(errors="replace")
+        return {"error": f"sandbox failed (exit {proc.returncode}): {tail}", "leaked": leaked}
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return  # already gone
+
+
+def _kill_uid(uid: int) -> int:
+    """SIGKILL every host process whose real uid is `uid`; return how many there were."""
+    found = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                line = next(line for line in f if line.startswith(b"Uid:"))
+            if int(line.split()[1]) == uid:
+                found += 1
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue  # the process ended while we looked
+    return found
