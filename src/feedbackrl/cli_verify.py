@@ -44,3 +44,22 @@ def verify_constraints(
         raise typer.Exit(code=2) from e
     typer.echo(verifier(Problem(prompt="", answer=specs), response).to_json())
 
+
+@verify_app.command("code")
+def verify_code(
+    program: Path = typer.Option(..., help="Python file to run (a ```python block in it is extracted)."),
+    tests: Path = typer.Option(..., help='JSON tests: {"io": [{"input", "output"}, ...], "asserts": [...]}.'),
+    timeout: float = typer.Option(2.0, help="Wall-clock seconds per test."),
+) -> None:
+    """Run PROGRAM against TESTS in the code sandbox; score = fraction of tests passed."""
+    from feedbackrl.rewards.code import CodeVerifier
+    from feedbackrl.rewards.sandbox import SandboxUnavailable
+    from feedbackrl.rewards.verdict import Problem
+
+    try:
+        source, spec = program.read_text(), tests.read_text()
+        verifier = CodeVerifier(timeout_s=timeout)
+    except (OSError, ValueError, SandboxUnavailable) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    typer.echo(verifier(Problem(prompt="", answer=spec), source).to_json())
