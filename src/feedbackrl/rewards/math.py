@@ -329,13 +329,17 @@ class _ChildPool:
             if child is not None:
                 _kill(child)
             return Comparison(False, "error", error=f"{type(e).__name__}: {e}")
-        if not line:
+        if line is None:
             _kill(child)
-            exited = Comparison(False, "error", error="math check child process exited")
-            return Comparison(False, "timeout") if line is None else exited
+            return Comparison(False, "timeout")
+        try:
+            result = Comparison(**json.loads(line))
+        except (TypeError, ValueError):  # "" when the child died
+            _kill(child)
+            return Comparison(False, "error", error=f"math child exited or garbled its reply: {line!r:.80}")
         with self._lock:
             self._idle.append(child)
-        return Comparison(**json.loads(line))
+        return result
 
     def close(self) -> None:
         with self._lock:
@@ -358,11 +362,12 @@ def _kill(child: subprocess.Popen[str]) -> None:
 
 def serve() -> None:
     """Child side of `_ChildPool`: one JSON request per stdin line, one Comparison per stdout line."""
-    print("ready", flush=True)
+    replies, sys.stdout = sys.stdout, sys.stderr  # a stray print in SymPy must not garble a reply
+    print("ready", file=replies, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         result = _compare_on_main_thread(request["gold"], request["answer"], request["timeout_s"])
-        print(json.dumps(asdict(result)), flush=True)
+        print(json.dumps(asdict(result)), file=replies, flush=True)
 
 
 _CHILDREN = _ChildPool()
