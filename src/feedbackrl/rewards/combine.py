@@ -102,9 +102,10 @@ class ValueWeighted:
 
     The paper's reward is r = s(x) * correct, with s(x) = 1 + min(alpha * v(x), 1) and v(x) the
     question's points over its exam's total, so v is in [0, 1] and s in [1, 2]. We divide by the
-    largest scale, 2, to keep scores in [0, 1]: score = reward_score * s(x) / 2. A constant factor
-    changes nothing for group-normalised advantages within a prompt; across prompts the ratio of
-    rewards (1 to 2) is the paper's.
+    largest scale, 2, to keep scores in [0, 1]: score = reward_score * s(x) / 2, so the ratio of
+    rewards across prompts (1 to 2) is the paper's. Note s(x) is constant within a prompt's group:
+    advantages divided by the group's std cancel it entirely, so pair this with an estimator that
+    does not (mean-only GRPO, RLOO, PPO with a value baseline).
 
     Departure: the inner score may be fractional (e.g. constraints satisfied), not only 0/1.
     value_key: meta key holding v(x) in [0, 1], or raw points when `total_key` is set.
