@@ -37,13 +37,16 @@ Mechanisms, each closing a hole:
   before the program ran, so rebinding `AssertionError`, `eval`, `BaseException` or
   `sys.excepthook` changes nothing.
 
-Residual risks, accepted: an assert that is not a plain `a == b` (say `math.isclose(f(x), 1.0)`)
-is judged inside the runner, so a program that monkeypatches the modules the assert uses, or that
-introspects the harness (frames, gc, /proc/self/mem) to learn the nonce, can forge it. Files that
-everyone may read stay readable (read-only, not invisible). Kernel exploits and timing side
-channels are out of scope. Without root and the namespaces `require_isolation` raises
-`SandboxUnavailable`; with `isolate=False` programs run with rlimits, a session and (as root) a
-separate uid only: no network, filesystem or PID isolation.
+Residual risks, accepted: checks other than `value == literal` (a truth assert such as
+`math.isclose(f(x), 1.0)`, or `f(x) == g(y)` with both sides computed) are decided from what the
+runner reports, so a program that digs into the harness (frames, gc, /proc/self/mem) to take the
+nonce or patch the encoder can forge them; `value == literal` cannot be forged without knowing the
+literal. Test expressions see the original builtins even where the program defines a function of
+the same name, so a task may not ask for a function named like a builtin. Files that everyone may
+read stay readable (read-only, not invisible). Kernel exploits and timing side channels are out of
+scope. Without root and the namespaces `require_isolation` raises `SandboxUnavailable`; with
+`isolate=False` programs run with rlimits, a session and (as root) a separate uid only: no
+network, filesystem or PID isolation.
 """
 
 from __future__ import annotations
@@ -79,30 +82,37 @@ class Limits:
     max_output_bytes: int = 1_000_000
 
 
-@cache
 def probe() -> dict[str, bool]:
-    """Check, once per process, which isolation this machine grants: {mechanism: works}."""
+    """Which isolation mechanisms this machine grants, {mechanism: works}; checked once per process."""
+    return _probe()[0]
+
+
+@cache
+def _probe() -> tuple[dict[str, bool], str]:
     found = {"linux": sys.platform == "linux", "root": os.geteuid() == 0,
              "unshare": shutil.which("unshare") is not None}
     if not all(found.values()):
-        return found | {"namespaces": False}
+        return found | {"namespaces": False}, ""
     try:
-        out = subprocess.run([*_UNSHARE, *_JUDGE_CMD, "--probe"], capture_output=True, env={},
-                             timeout=30, check=True)
-        return found | {"namespaces": True} | marshal.loads(out.stdout)
-    except (subprocess.SubprocessError, OSError, EOFError, ValueError, TypeError):
-        return found | {"namespaces": False}
+        out = subprocess.run([*_UNSHARE, *_JUDGE_CMD, "--probe"], capture_output=True, env={}, timeout=30)
+        return found | {"namespaces": True} | marshal.loads(out.stdout), ""
+    except (subprocess.SubprocessError, OSError, EOFError, ValueError, TypeError) as exc:
+        stderr = out.stderr[-300:].decode(errors="replace") if "out" in locals() else ""
+        return found | {"namespaces": False}, f"{type(exc).__name__}: {exc} {stderr}".strip()
 
 
 def require_isolation() -> None:
     """Return if every isolation mechanism works here; else raise SandboxUnavailable naming the gaps."""
-    missing = [name for name, ok in probe().items() if not ok]
+    found = probe()
+    missing = [name for name, ok in found.items() if not ok]
     if missing:
+        error = _probe()[1]
         raise SandboxUnavailable(
             f"the code sandbox cannot isolate programs here: {', '.join(missing)} unavailable "
-            f"(probe: {probe()}). It needs Linux, root, util-linux `unshare`, and network, PID and "
-            "mount namespaces (a VM, or a container run with --privileged). Pass allow_unsafe=True "
-            "to run programs anyway with rlimits and a process session only.")
+            f"(probe: {found}{'; ' + error if error else ''}). It needs Linux, root, util-linux "
+            "`unshare`, and network, PID and mount namespaces (a VM, or a container run with "
+            "--privileged). Pass allow_unsafe=True to run programs anyway with rlimits and a "
+            "process session only.")
 
 
 def run_program(code: str, *, inputs: list[str] | None = None, checks: list[list[dict]] | None = None,

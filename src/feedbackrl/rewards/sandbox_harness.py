@@ -19,13 +19,17 @@ from __future__ import annotations
 import os
 import sys
 
-# Taken at import, before any program runs: the harness below only calls these saved references,
-# so a program that rebinds `builtins.eval`, `type` or `BaseException` cannot bend it.
-_eval, _exec, _type, _isinstance, _compile = eval, exec, type, isinstance, compile
-_BaseException, _SystemExit = BaseException, SystemExit
-_TRUTH_TYPES = frozenset({bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset,
-                          type(None)})
-_SEQ_TAGS = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+# Taken at import, before any program runs. After it starts, the harness reaches builtins only
+# through these saved references (and methods of the exact builtin types, which Python code cannot
+# patch), so a program that rebinds `builtins.int`, `eval`, `BaseException`, ... cannot bend it.
+_eval, _exec, _compile, _type, _isinstance, _id, _len = eval, exec, compile, type, isinstance, id, len
+_int, _float, _complex, _str, _bytes, _dict = int, float, complex, str, bytes, dict
+_enumerate = enumerate
+_BaseException, _SystemExit, _CodeType = BaseException, SystemExit, type(_compile("0", "", "eval"))
+# Keyed by id: a metaclass can fake __eq__/__hash__ to look like `bool`, but not its id.
+_TRUTH_TYPES = frozenset(map(id, (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset,
+                                  type(None))))
+_SEQ_TAGS = {id(list): "l", id(tuple): "t", id(set): "S", id(frozenset): "F"}
 _BASES = (str, bytes, int, float, complex, list, tuple, dict, set, frozenset)
 _FLOAT_TOKENS = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
 
@@ -48,7 +52,8 @@ def run(spec: dict, start: int | None) -> int:
     stdout = sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
     sys.argv = ["program.py"]
-    main = sys.modules["__main__"] = types.ModuleType("__main__")  # hide the judge's module
+    sys.modules.pop(__name__, None)  # `import sandbox_harness` must not hand the program our globals
+    main = sys.modules["__main__"] = types.ModuleType("__main__")  # nor `import __main__` the judge's
     ns = main.__dict__
     try:
         _exec(_compile(spec["code"], "program.py", "exec"), ns)
@@ -63,45 +68,67 @@ def run(spec: dict, start: int | None) -> int:
     if start is None:
         return _finish_script(stdout)
     report("L")
-    for i, checks in enumerate(tests, start):
-        for j, check in enumerate(checks):
-            ns["__builtins__"] = dict(original)  # tests see the builtins as they were
-            if not _run_check(check, ns, report, f"{i} {j}"):
+    for i, checks in _enumerate(tests, start):
+        for j, check in _enumerate(checks):
+            if not _run_check(check, _test_scope(ns, check, original), report, f"{i} {j}"):
                 break
         report(f"D {i}")
     return 0
 
 
-def _compile_check(check: dict) -> tuple[str, list]:
+def _compile_check(check: dict) -> tuple[str, list, list[str]]:
+    """(kind, code objects, builtin-looking names they use); kind "error" if it does not compile."""
     kind, src = next(iter(check.items()))
     try:
         if kind == "eq":
-            return kind, [None if s is None else _compile(s, "<test>", "eval") for s in src]
-        return kind, [_compile(src, "<test>", "eval" if kind == "truth" else "exec")]
+            codes = [None if s is None else _compile(s, "<test>", "eval") for s in src]
+        else:
+            codes = [_compile(src, "<test>", "eval" if kind == "truth" else "exec")]
     except _BaseException as exc:
-        return "error", [_name(exc)]
+        return "error", [_name(exc)], []
+    names: list[str] = []
+    stack = [c for c in codes if c is not None]
+    while stack:  # nested code too: comprehensions and lambdas in the test
+        code = stack.pop()
+        names += [n for n in code.co_names if not n.startswith("__")]
+        stack += [c for c in code.co_consts if _type(c) is _CodeType]
+    return kind, codes, names
 
 
-def _run_check(check: tuple[str, list], ns: dict, report: object, ij: str) -> bool:
+def _test_scope(ns: dict, check: tuple[str, list, list[str]], original: dict) -> dict:
+    """The program's globals, but the builtins a test names are the real ones.
+
+    Tests are written against Python's builtins: a program that defines `isinstance` or `sorted`
+    at top level (or patches `builtins`) changes what its own code sees, not what the test sees.
+    """
+    scope = _dict(ns)
+    scope["__builtins__"] = _dict(original)
+    for name in check[2]:
+        if name in original:
+            scope[name] = original[name]
+    return scope
+
+
+def _run_check(check: tuple[str, list, list[str]], scope: dict, report: object, ij: str) -> bool:
     """Evaluate one check and report what it saw; True if the test's next check should run."""
-    kind, codes = check
+    kind, codes, _ = check
     try:
         if kind == "error":
             report(f"F {ij} {codes[0]}")
             return False
         if kind == "eq":
-            for k, code in enumerate(codes):  # each side is reported before the next one runs
+            for k, code in _enumerate(codes):  # each side is reported before the next one runs
                 if code is not None:
-                    report(f"V {ij} {k} {encode(_eval(code, ns))}")
+                    report(f"V {ij} {k} {encode(_eval(code, scope))}")
             return True
         if kind == "truth":
-            value = _eval(codes[0], ns)
+            value = _eval(codes[0], scope)
             # Truthiness of a program-defined class is whatever its __bool__ says: refuse it.
-            ok = value is True or (_type(value) in _TRUTH_TYPES and not not value)  # noqa: SIM208
+            ok = value is True or (_id(_type(value)) in _TRUTH_TYPES and not not value)  # noqa: SIM208
         else:
-            _exec(codes[0], ns)
+            _exec(codes[0], scope)
             ok = True
-        report(f"T {ij} {int(ok)}")
+        report(f"T {ij} {'1' if ok else '0'}")
         return ok
     except _BaseException as exc:
         report(f"F {ij} {_name(exc)}")
@@ -124,22 +151,22 @@ def encode(value: object, depth: int = 0) -> str:
     t = _type(value)
     if value is None or value is True or value is False:
         return "null" if value is None else "true" if value else "false"
-    if t is int:  # huge ints in hex: decimal conversion is capped at 4300 digits
-        return f'["x","{int.__format__(value, "x")}"]' if value.bit_length() > 4000 else int.__repr__(value)
-    if t is float:
-        return _FLOAT_TOKENS.get(float.__repr__(value), float.__repr__(value))
-    if t is str:
-        return f'["s","{str.encode(value, "utf-8", "surrogatepass").hex()}"]'
-    if t is bytes:
-        return f'["b","{bytes.hex(value)}"]'
-    if t is complex:
+    if t is _int:  # huge ints in hex: decimal conversion is capped at 4300 digits
+        return f'["x","{_int.__format__(value, "x")}"]' if value.bit_length() > 4000 else _int.__repr__(value)
+    if t is _float:
+        return _FLOAT_TOKENS.get(_float.__repr__(value), _float.__repr__(value))
+    if t is _str:
+        return f'["s","{_str.encode(value, "utf-8", "surrogatepass").hex()}"]'
+    if t is _bytes:
+        return f'["b","{_bytes.hex(value)}"]'
+    if t is _complex:
         return f'["c",{encode(value.real)},{encode(value.imag)}]'
     if depth > 100:
         raise Unencodable("nesting deeper than 100")
-    if t in _SEQ_TAGS:
-        return f'["{_SEQ_TAGS[t]}"' + "".join("," + encode(v, depth + 1) for v in value) + "]"
-    if t is dict:
-        pairs = dict.items(value)
+    if _id(t) in _SEQ_TAGS:
+        return f'["{_SEQ_TAGS[_id(t)]}"' + "".join("," + encode(v, depth + 1) for v in value) + "]"
+    if t is _dict:
+        pairs = _dict.items(value)
         return '["d"' + "".join(f",{encode(k, depth + 1)},{encode(v, depth + 1)}" for k, v in pairs) + "]"
     for base in _BASES:
         if _isinstance(value, base) and t.__eq__ is base.__eq__:
@@ -148,8 +175,8 @@ def encode(value: object, depth: int = 0) -> str:
 
 
 def _name_of(t: type) -> str:
-    name = type.__dict__["__name__"].__get__(t)  # the real name, whatever a metaclass pretends
-    return name if name.isidentifier() and len(name) <= 60 else "object"
+    name = _type.__dict__["__name__"].__get__(t)  # the real name, whatever a metaclass pretends
+    return name if name.isidentifier() and _len(name) <= 60 else "object"
 
 
 def _name(exc: BaseException) -> str:

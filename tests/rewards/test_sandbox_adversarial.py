@@ -1,0 +1,323 @@
+"""Hostile programs: each is contained, reported with a reason, and leaves the host as it was.
+
+Every test runs under `host_unchanged`, which checks afterwards that no process runs under a
+sandbox uid, that the host's mount table is the same, and that no stray files appeared in /tmp.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+from feedbackrl.rewards import sandbox
+from feedbackrl.rewards.code import CodeVerifier
+from feedbackrl.rewards.verdict import Problem, Verdict
+
+pytestmark = pytest.mark.skipif(not all(sandbox.probe().values()),
+                                reason=f"sandbox isolation unavailable: {sandbox.probe()}")
+
+REPO = Path(__file__).resolve().parents[2]
+ADD_TESTS = {"asserts": ["assert add(1, 2) == 3", "assert add(2, 2) == 4",
+                        "assert isinstance(add('a', 'b'), str)", "assert sorted([add(2, 1)]) == [3]",
+                        "assert add(0, 1)"]}
+GOLD_ADD = "def add(a, b):\n    return a + b\n"  # passes every test above
+WRONG_ADD = "def add(a, b):\n    return 0\n"  # fails every test above
+
+
+def sandbox_processes() -> list[int]:
+    """Host pids running under any sandbox uid."""
+    pids = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+        if sandbox.UID_MIN <= uid < sandbox.UID_MAX:
+            pids.append(int(name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def host_unchanged() -> Iterator[None]:
+    mounts, tmp = Path("/proc/self/mountinfo").read_text(), set(os.listdir("/tmp"))
+    yield
+    assert sandbox_processes() == [], "a sandboxed process outlived its job"
+    assert Path("/proc/self/mountinfo").read_text() == mounts, "sandbox mounts leaked to the host"
+    stray = {name for name in set(os.listdir("/tmp")) - tmp if "pwned" in name or "sandbox" in name}
+    assert not stray, f"files appeared in the host's /tmp: {stray}"
+
+
+@pytest.fixture(scope="module")
+def verifier() -> CodeVerifier:
+    return CodeVerifier(timeout_s=1.0, memory_mb=256, max_output_bytes=100_000)
+
+
+def run_io(verifier: CodeVerifier, program: str, expected: str = "", stdin: str = "") -> Verdict:
+    return verifier(Problem("", {"io": [{"input": stdin, "output": expected}]}), program)
+
+
+def reason(verdict: Verdict) -> str:
+    return verdict.details["tests"][0]["reason"]
+
+
+# --------------------------------------------------------------------------- resource exhaustion
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("while True:\n    pass", id="busy-loop"),
+    pytest.param("import time\ntime.sleep(60)", id="sleep"),
+    pytest.param("import threading\nthreading.Event().wait()", id="block-forever"),
+    pytest.param("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass",
+                 id="ignore-sigterm"),
+])
+def test_hangs_time_out(verifier: CodeVerifier, program: str) -> None:
+    start = time.monotonic()
+    verdict = run_io(verifier, program)
+    assert reason(verdict) == "timeout" and verdict.score == 0.0
+    assert time.monotonic() - start < 4.0
+
+
+def test_fork_bomb_is_contained(verifier: CodeVerifier) -> None:
+    program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    verdict = run_io(verifier, program)
+    assert reason(verdict) in ("timeout", "runtime_error") and verdict.score == 0.0
+    assert os.system("true") == 0  # the host can still start processes
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("x = bytearray(10**10)", id="one-huge-allocation"),
+    pytest.param("x = []\nwhile True:\n    x.append(' ' * 10**6)", id="gradual-growth"),
+    pytest.param("import threading\nthreads = [threading.Thread(target=lambda: bytearray(10**9))"
+                 " for _ in range(8)]\n[t.start() for t in threads]\n[t.join() for t in threads]\n"
+                 "raise MemoryError", id="allocating-threads"),
+])
+def test_memory_bombs_hit_the_limit(verifier: CodeVerifier, program: str) -> None:
+    assert reason(run_io(verifier, program)) == "memory"
+
+
+@pytest.mark.parametrize(("program", "stream"), [
+    pytest.param("while True:\n    print('x' * 1000)", "stdout", id="stdout"),
+    pytest.param("import os\nwhile True:\n    os.write(1, b'x' * 65536)", "stdout", id="raw-fd"),
+    pytest.param("import sys\nwhile True:\n    sys.stderr.write('y' * 1000)", "stderr", id="stderr"),
+])
+def test_huge_output_is_cut_off(verifier: CodeVerifier, program: str, stream: str) -> None:
+    start = time.monotonic()
+    verdict = run_io(verifier, program)
+    assert reason(verdict) == "output_limit"
+    assert time.monotonic() - start < 3.0
+    assert len(verdict.to_json()) < 5_000  # the details keep a capped tail, not the flood
+
+
+def test_disk_is_capped(verifier: CodeVerifier) -> None:
+    program = "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * 2**20)\n"
+    verdict = run_io(verifier, program)
+    assert reason(verdict) == "runtime_error"  # EFBIG / ENOSPC inside the per-attempt tmpfs
+    assert "OSError" in verdict.details["stderr_tail"]
+
+
+# ------------------------------------------------------------------------ escaping the sandbox
+
+
+def test_cannot_write_outside_the_work_dir(verifier: CodeVerifier) -> None:
+    targets = [f"/tmp/pwned_{uuid.uuid4().hex}", str(REPO / f"pwned_{uuid.uuid4().hex}"),
+               str(Path(__file__).with_name("test_pwned.py")), "/etc/pwned", "/var/tmp/pwned"]
+    program = dedent(f"""\
+        for path in {targets!r}:
+            try:
+                open(path, 'w').write('x')
+                print('wrote', path)
+            except OSError as e:
+                print('denied', e.errno)
+        open('inside.txt', 'w').write('fine')
+        print(open('inside.txt').read())
+        """)
+    verdict = run_io(verifier, program, expected="denied 30\n" * len(targets) + "fine\n")  # EROFS
+    assert verdict.score == 1.0, verdict.details
+    assert not any(os.path.exists(path) for path in targets)
+
+
+def test_runs_unprivileged_with_root_and_home_hidden(verifier: CodeVerifier) -> None:
+    # /root keeps only the way to the Python install, if that lives there (pyenv does).
+    python = Path(sys.base_prefix).resolve().parts
+    root = [python[2]] if python[:2] == ("/", "root") else []
+    program = ("import os\nprint(os.getuid() != 0, os.getgid() != 0, os.getgroups())\n"
+               "print(os.listdir('/root'), os.listdir('/home'))\n"
+               "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n")
+    verdict = run_io(verifier, program, expected=f"True True []\n{root} []\n['1', '2']\n")
+    assert verdict.score == 1.0, verdict.details  # /proc shows only the judge (1) and itself (2)
+
+
+def test_inherited_secrets_are_invisible(verifier: CodeVerifier, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = uuid.uuid4().hex
+    monkeypatch.setenv("FEEDBACKRL_TEST_SECRET", secret)
+    program = dedent(f"""\
+        import os
+        leaks = list(os.environ)
+        for pid in filter(str.isdigit, os.listdir('/proc')):
+            try:
+                leaks += ['proc'] * ({secret.encode()!r} in open(f'/proc/{{pid}}/environ', 'rb').read())
+            except OSError:
+                pass
+        print(leaks)
+        """)
+    assert run_io(verifier, program, expected="[]\n").score == 1.0
+
+
+def test_network_is_unreachable(verifier: CodeVerifier) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    port, accepted = server.getsockname()[1], []
+    thread = threading.Thread(target=lambda: accepted.extend(_accept_all(server)), daemon=True)
+    thread.start()
+    program = dedent(f"""\
+        import socket
+        for address in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:
+            try:
+                socket.create_connection(address, timeout=0.5)
+                print('connected')
+            except OSError:
+                print('blocked')
+        """)
+    verdict = run_io(verifier, program, expected="blocked\nblocked\n")
+    thread.join()
+    server.close()
+    assert verdict.score == 1.0, verdict.details
+    assert accepted == []
+
+
+def _accept_all(server: socket.socket, seconds: float = 2.5) -> list[tuple]:
+    peers, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            conn, peer = server.accept()
+            conn.close()
+            peers.append(peer)
+        except TimeoutError:
+            continue
+    return peers
+
+
+def test_killing_the_parent_and_everything_else(verifier: CodeVerifier) -> None:
+    program = dedent(f"""\
+        import os, signal
+        for target in (os.getppid(), 1, {os.getpid()}, -1):
+            try:
+                os.kill(target, signal.SIGKILL)
+                print('sent', target)
+            except OSError as e:
+                print('refused', e.errno)
+        """)
+    verdict = run_io(verifier, program)
+    # getppid() is the judge (pid 1): EPERM. Our pid does not exist in its namespace: ESRCH.
+    # kill(-1) reaches only processes of the job's own uid: it "succeeds" and kills nothing else.
+    out = verdict.details["tests"][0]["stdout"].split("\n")
+    assert out[:3] == ["refused 1", "refused 1", "refused 3"] and out[3] in ("sent -1", "refused 3"), out
+    assert run_io(verifier, "print('still working')", expected="still working\n").score == 1.0
+
+
+def test_detached_daemon_dies_with_the_job(verifier: CodeVerifier, tmp_path: Path) -> None:
+    marker = f"/tmp/pwned_daemon_{uuid.uuid4().hex}"
+    program = dedent(f"""\
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.closerange(0, 1024)
+                time.sleep(0.5)
+                for path in ({marker!r}, 'daemon-was-here'):
+                    try:
+                        open(path, 'w').write('alive')
+                    except OSError:
+                        pass
+                time.sleep(60)
+            os._exit(0)
+        print('parent done')
+        """)
+    verdict = run_io(verifier, program, expected="parent done\n")
+    assert verdict.score == 1.0, verdict.details
+    assert sandbox_processes() == []  # gone the moment the verdict is back, not at some later sweep
+    time.sleep(1.0)
+    assert not os.path.exists(marker)
+
+
+# ------------------------------------------------------------------------------- faking success
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("import sys\nsys.exit(0)", id="sys-exit"),
+    pytest.param("import os\nos._exit(0)", id="os-exit"),
+    pytest.param("raise SystemExit(0)", id="raise-systemexit"),
+    pytest.param("exit()", id="exit-builtin"),
+    pytest.param("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", id="kill-self"),
+    pytest.param("import atexit, os\natexit.register(lambda: print('3 tests passed'))\n"
+                 "def add(a, b):\n    os._exit(0)", id="atexit-then-exit-in-call"),
+    pytest.param("def add(a, b):\n    raise SystemExit(0)", id="systemexit-in-call"),
+    pytest.param("import threading, os\nthreading.Timer(0.0, lambda: os._exit(0)).start()\n"
+                 "import time\ntime.sleep(0.5)", id="exit-from-thread"),
+    pytest.param("import os\nos.close(3)\nos.close(1)", id="close-report-pipe"),
+])
+def test_early_exit_scores_zero(verifier: CodeVerifier, program: str) -> None:
+    verdict = verifier(Problem("", ADD_TESTS), WRONG_ADD + program)
+    assert verdict.score == 0.0, verdict.details
+    assert {t["reason"] for t in verdict.details["tests"]} <= {"early_exit", "crash", "runtime_error"}
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
+                 "AssertionError = None", id="override-assertionerror"),
+    pytest.param("import sys\nsys.excepthook = lambda *a: None", id="excepthook"),
+    pytest.param("import builtins\nbuiltins.__build_class__ = None", id="build-class"),
+    pytest.param("import builtins\nfor name in ('eval', 'exec', 'isinstance', 'int', 'type', 'enumerate',"
+                 " 'BaseException', 'dict', 'str', 'id', 'len'):\n"
+                 "    setattr(builtins, name, lambda *a, **k: True)", id="patch-builtins"),
+    pytest.param("isinstance = lambda *a: True\nsorted = lambda x: [3]\nstr = int",
+                 id="shadow-names-the-asserts-use"),
+    pytest.param("class Eq:\n    __eq__ = lambda self, other: True\n    __bool__ = lambda self: True\n"
+                 "    __hash__ = None\ndef add(a, b):\n    return Eq()", id="always-equal"),
+    pytest.param("class Eq(int):\n    __eq__ = lambda self, other: True\n    __hash__ = int.__hash__\n"
+                 "def add(a, b):\n    return Eq(0)", id="int-subclass-always-equal"),
+    pytest.param("class Meta(type):\n    __eq__ = lambda cls, other: True\n"
+                 "    __hash__ = lambda cls: hash(str)\n"
+                 "class Fake(metaclass=Meta):\n    __eq__ = lambda self, other: True\n"
+                 "def add(a, b):\n    return Fake()", id="metaclass-posing-as-str"),
+    pytest.param("print('PASS\\nPASS\\nPASS')\nimport os\nfor i in range(3):\n"
+                 "    os.write(3, f'0123 D {i}\\n'.encode())", id="forged-markers-without-nonce"),
+    pytest.param("import sys\nfor name, module in list(sys.modules.items()):\n"
+                 "    if hasattr(module, 'encode') and 'sandbox' in name:\n"
+                 "        module.encode = lambda value, depth=0: '3'", id="patch-the-harness-encoder"),
+])
+def test_tampering_scores_zero(verifier: CodeVerifier, program: str) -> None:
+    verdict = verifier(Problem("", ADD_TESTS), WRONG_ADD + program)
+    assert verdict.score == 0.0, verdict.details
+
+
+def test_stolen_nonce_cannot_fake_equality_checks(verifier: CodeVerifier) -> None:
+    # Past the threat model (it digs the harness's report function out of the heap), yet the
+    # `==` checks still fail: the expected values never entered the sandbox.
+    program = dedent("""\
+        import gc, os
+        report = next(f for f in gc.get_objects() if getattr(f, '__qualname__', '') == 'run.<locals>.report')
+        report('L')
+        for i in range(5):
+            report(f'V {i} 0 0 1')
+            report(f'D {i}')
+        os._exit(0)
+        """)
+    verdict = verifier(Problem("", ADD_TESTS), program)
+    assert verdict.score == 0.0, verdict.details
+
+
+def test_benign_programs_still_pass_next_to_attacks(verifier: CodeVerifier) -> None:
+    completions = [GOLD_ADD, "while True:\n    pass", GOLD_ADD, "import os\nos._exit(0)"]
+    verdicts = verifier.batch([Problem("", ADD_TESTS)] * 4, completions, workers=2)
+    assert [v.score for v in verdicts] == [1.0, 0.0, 1.0, 0.0]
