@@ -51,8 +51,10 @@ network, filesystem or PID isolation.
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
+import py_compile
 import secrets
 import shutil
 import signal
@@ -62,10 +64,14 @@ from dataclasses import dataclass
 from functools import cache
 
 UID_MIN, UID_MAX = 1 << 20, 1 << 30  # far above real accounts, so one uid names one job
-_JUDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_judge.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
 # -I: ignore PYTHON* variables and the user site; -S: no site-packages (programs get the
-# standard library only, and start faster); -B: the filesystem is read-only anyway.
-_JUDGE_CMD = [sys.executable, "-I", "-S", "-B", _JUDGE]
+# standard library only, and start faster); -B: the filesystem is read-only anyway. Our directory
+# holds modules (math.py, ...) that would shadow the standard library, so it is on sys.path only
+# while the judge is imported, and the judge's own extension modules are imported before.
+_JUDGE_CMD = [sys.executable, "-I", "-S", "-B", "-c",
+              f"import select, sys; sys.path.insert(0, {_HERE!r}); import sandbox_judge; del sys.path[0]; "
+              "sandbox_judge.main()"]
 _UNSHARE = ["unshare", "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
 
 
@@ -82,6 +88,15 @@ class Limits:
     max_output_bytes: int = 1_000_000
 
 
+@cache
+def _judge_cmd() -> list[str]:
+    """The judge's command line, after making sure its bytecode is cached (else ~10 ms a run)."""
+    for name in ("sandbox_judge.py", "sandbox_harness.py"):
+        with contextlib.suppress(OSError, py_compile.PyCompileError):  # a read-only install: slower
+            py_compile.compile(os.path.join(_HERE, name), doraise=True)
+    return _JUDGE_CMD
+
+
 def probe() -> dict[str, bool]:
     """Which isolation mechanisms this machine grants, {mechanism: works}; checked once per process."""
     return _probe()[0]
@@ -94,7 +109,7 @@ def _probe() -> tuple[dict[str, bool], str]:
     if not all(found.values()):
         return found | {"namespaces": False}, ""
     try:
-        out = subprocess.run([*_UNSHARE, *_JUDGE_CMD, "--probe"], capture_output=True, env={}, timeout=30)
+        out = subprocess.run([*_UNSHARE, *_judge_cmd(), "--probe"], capture_output=True, env={}, timeout=30)
         return found | {"namespaces": True} | marshal.loads(out.stdout), ""
     except (subprocess.SubprocessError, OSError, EOFError, ValueError, TypeError) as exc:
         stderr = out.stderr[-300:].decode(errors="replace") if "out" in locals() else ""
@@ -130,7 +145,7 @@ def run_program(code: str, *, inputs: list[str] | None = None, checks: list[list
             "memory_mb": int(limits.memory_mb), "max_output_bytes": int(limits.max_output_bytes)}
     # A crash can cost a test a reload as well: two deadlines per test, plus start-up slack.
     budget = 2 * (n_tests + 1) * limits.timeout_s + 10
-    cmd = [*_UNSHARE, *_JUDGE_CMD] if isolate else _JUDGE_CMD
+    cmd = [*_UNSHARE, *_judge_cmd()] if isolate else _judge_cmd()
     with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env={}, cwd="/", start_new_session=True) as proc:
         try:

@@ -1,10 +1,11 @@
 """Inside the sandbox: the judge, PID 1 of a fresh PID namespace, supervising one job.
 
-Run by `sandbox.run_program` as `unshare ... python -I -S -B sandbox_judge.py`, with the job
-(a marshal dict) on stdin; writes {"tests": [...], "attempts": n} (marshal) to stdout. The judge
-runs only our code, as root: it isolates the filesystem, then forks one runner per attempt, which
-drops to the job's uid and runs `sandbox_harness.run`. Standard library only; module-level
-imports are kept cheap because every execution pays for them. Threat model: `sandbox.py`.
+Started by `sandbox.run_program` as `unshare ... python -I -S -B -c "...; sandbox_judge.main()"`
+(imported, not run as a script, so its bytecode is cached), with the job (a marshal dict) on
+stdin; writes {"tests": [...], "attempts": n} (marshal) to stdout. The judge runs only our code,
+as root: it isolates the filesystem, then forks one runner per attempt, which drops to the job's
+uid and runs `sandbox_harness.run`. Standard library only, and no module that is slow to import
+(dataclasses, tempfile, ...: every execution pays for them). Threat model: `sandbox.py`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,8 @@ import os
 import select
 import sys
 import time
-from dataclasses import dataclass
 
-# -I leaves our directory off sys.path; add it just for this import, since it also holds modules
-# (math.py, ...) that would shadow the standard library for the programs we run.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sandbox_harness  # noqa: E402
-
-del sys.path[0]
+import sandbox_harness  # a sibling: the launcher puts our directory on sys.path, then takes it off
 
 PROBE_FLAG = "--probe"
 WORKDIR = "/tmp/w"
@@ -104,16 +99,14 @@ def _readonly_all(libc: _Libc) -> None:
             libc.mount(None, point, None, flags | _MS_NODEV | _MS_NOEXEC)
 
 
-@dataclass
 class Attempt:
     """What one runner process did: how it ended, what it wrote, what it reported."""
 
-    end: str  # "exit" | "signal" | "timeout" | "output_limit"
-    status: int = 0  # exit code, or the signal number when end == "signal"
-    cpu_s: float = 0.0
-    stdout: bytes = b""
-    stderr: bytes = b""
-    msgs: tuple[str, ...] = ()
+    def __init__(self, end: str, status: int, cpu_s: float, stdout: bytes, stderr: bytes,
+                 msgs: tuple[str, ...]) -> None:
+        self.end = end  # "exit" | "signal" | "timeout" | "output_limit"
+        self.status = status  # exit code, or the signal number when end == "signal"
+        self.cpu_s, self.stdout, self.stderr, self.msgs = cpu_s, stdout, stderr, msgs
 
 
 class Judge:
@@ -290,6 +283,7 @@ def _runner(judge: Judge, workdir: str, stdin_fd: int, writers: list[int], start
     code = 1
     try:
         _lock_down(judge, workdir, stdin_fd, writers)
+        sys.modules.pop(__name__, None)  # `import sandbox_judge` must not hand the program the judge
         code = sandbox_harness.run(judge.spec, start)
     finally:
         os._exit(code)
@@ -353,7 +347,3 @@ def main() -> None:
         isolate_fs(judge.libc)
     sys.stdout.buffer.write(marshal.dumps({"tests": judge.run(), "attempts": judge.attempts}))
     sys.stdout.buffer.flush()
-
-
-if __name__ == "__main__":
-    main()
