@@ -10,6 +10,8 @@ import math
 from collections import namedtuple
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from feedbackrl.rewards import sandbox
 from feedbackrl.rewards.code import (
@@ -260,6 +262,21 @@ def test_garbage_completion_scores_zero_with_reason(verifier: CodeVerifier, comp
 def test_garbage_tests_score_zero_and_never_raise(verifier: CodeVerifier, answer: object) -> None:
     verdict = verifier(Problem("", answer), ADD)
     assert verdict.score == 0.0 and verdict.reason.startswith("bad tests")
+
+
+_junk_answers = st.one_of(
+    st.none(), st.integers(), st.text(max_size=30),
+    st.dictionaries(st.sampled_from(["io", "asserts", "x"]),
+                    st.lists(st.one_of(st.text(max_size=20), st.dictionaries(st.text(max_size=6),
+                                                                            st.text(max_size=6))),
+                             max_size=3), max_size=2))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(answer=_junk_answers, completion=st.text(max_size=80))
+def test_never_raises_on_junk(verifier: CodeVerifier, answer: object, completion: str) -> None:
+    verdict = verifier(Problem("", answer), completion)
+    assert 0.0 <= verdict.score <= 1.0 and verdict.reason
 
 
 def test_batch_matches_one_by_one(verifier: CodeVerifier) -> None:

@@ -99,8 +99,8 @@ def _plan_assert(src: str, index: int) -> tuple[list[dict], list[tuple[str, list
     """Split one assert into checks: `a == b` conjuncts compared on the host, the rest in the sandbox."""
     try:
         body = ast.parse(src).body
-    except SyntaxError as exc:
-        raise BadTests(f"asserts[{index}] is not valid Python: {exc.msg} ({src!r:.100})") from exc
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: a NUL byte
+        raise BadTests(f"asserts[{index}] is not valid Python: {exc} ({src!r:.100})") from exc
     if not (len(body) == 1 and isinstance(body[0], ast.Assert)):
         return [{"stmt": src}], [("stmt", [])]  # setup code or a helper call: must not raise
     checks, expected = [], []

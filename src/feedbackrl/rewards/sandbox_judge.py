@@ -257,7 +257,7 @@ class Judge:
             return "memory" if memory else "crash"
         if memory:
             return "memory"
-        if (exc == "SystemExit" and not io) or (not io and not exc):
+        if not io and exc in ("", "SystemExit"):  # the asserts never got to report
             return "early_exit"
         return "runtime_error"
 
