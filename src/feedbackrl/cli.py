@@ -1,0 +1,100 @@
+"""The `feedbackrl` command: demo, train, eval, verify, config."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from feedbackrl.cli_verify import verify_app
+
+app = typer.Typer(help="RL post-training from verifiable rewards and human feedback.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+app.add_typer(verify_app, name="verify")
+
+DEMO_RECIPE = "addition_grpo.toml"
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    from feedbackrl.config import ConfigError
+    from feedbackrl.envs.dataset import DatasetError
+    from feedbackrl.models.load import ModelLoadError
+    from feedbackrl.train.checkpoint import CheckpointError
+    from feedbackrl.train.offline import SFTUnavailable
+
+    return ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable
+
+
+def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
+    from feedbackrl.config import load_config
+    from feedbackrl.train.pipeline import run
+
+    try:
+        cfg = load_config(recipe, overrides)
+        run(cfg, out, resume=resume)
+    except _user_errors() as e:
+        _fail(str(e))
+
+
+def demo_recipe_path() -> Path:
+    return Path(str(resources.files("feedbackrl") / "recipes" / DEMO_RECIPE))
+
+
+@app.command()
+def demo(out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/demo"),
+         set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. algo.steps=50")] = None) -> None:
+    """Build a tiny model, SFT it on noisy demos, GRPO it against the truthful verifier, report."""
+    _run(demo_recipe_path(), set_ or [], out, None)
+
+
+@app.command()
+def train(recipe: Annotated[Path, typer.Argument(help="recipe TOML file")],
+          out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/train"),
+          set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. algo.lr=1e-4")] = None,
+          resume: Annotated[Path | None, typer.Option(help="checkpoint dir or run dir to continue")] = None) -> None:
+    """Run any recipe."""
+    _run(recipe, set_ or [], out, resume)
+
+
+@app.command("eval")
+def eval_(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir or hub id")],
+          recipe: Annotated[Path | None, typer.Option(help="recipe whose [task] and [eval] to use")] = None,
+          set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. task.name=addition")] = None,
+          out: Annotated[Path | None, typer.Option(help="write the result JSON here")] = None) -> None:
+    """Evaluate a checkpoint on a task's held-out problems (greedy pass@1 and pass@k)."""
+    from feedbackrl.config import load_config
+    from feedbackrl.envs.registry import make_task
+    from feedbackrl.models.load import load_policy, load_tokenizer
+    from feedbackrl.train.pipeline import run_eval, set_threads
+
+    try:
+        cfg = load_config(recipe, set_ or [])
+        set_threads(cfg.train.threads)
+        task = make_task(cfg.task)
+        result = run_eval(load_policy(model), load_tokenizer(model), task, cfg).to_dict()
+    except _user_errors() as e:
+        _fail(str(e))
+    text = json.dumps(result, indent=2)
+    if out:
+        out.write_text(text)
+    typer.echo(text)
+
+
+@app.command()
+def config(recipe: Annotated[Path | None, typer.Argument(help="recipe TOML (defaults if omitted)")] = None,
+           set_: Annotated[list[str] | None, typer.Option("--set")] = None) -> None:
+    """Print the resolved configuration (all keys, with defaults filled in)."""
+    from feedbackrl.config import load_config
+
+    try:
+        typer.echo(load_config(recipe, set_ or []).model_dump_json(indent=2))
+    except _user_errors() as e:
+        _fail(str(e))

@@ -1,0 +1,97 @@
+"""Checkpoints that resume exactly: model (HF format), optimizer, every RNG, step, task state.
+
+Layout: `OUT/checkpoints/step_000042/` holds the model and tokenizer (`save_pretrained`, so it
+loads like any HF model), `trainer_state.pt` (optimizer, RNG states, step, task state) and
+`config.json` (the resolved run config).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "trainer_state.pt"
+CONFIG_FILE = "config.json"
+_STEP_DIR = re.compile(r"step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A directory that is not a feedbackrl checkpoint (or a run with none to resume)."""
+
+
+@dataclass
+class TrainerState:
+    step: int
+    optimizer: dict[str, Any]
+    prompt_rng: Any  # random.Random.getstate()
+    sample_rng: torch.Tensor  # torch.Generator.get_state()
+    torch_rng: torch.Tensor
+    task_state: dict[str, Any] | None = None
+
+
+def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, step: int,
+                    prompt_rng: random.Random, sample_rng: torch.Generator, config_json: str,
+                    task_state: dict[str, Any] | None = None) -> Path:
+    """Write atomically: into a temp dir, then rename, so a crash never leaves half a checkpoint."""
+    final = Path(out_dir) / "checkpoints" / f"step_{step:06d}"
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "prompt_rng": prompt_rng.getstate(),
+                "sample_rng": sample_rng.get_state(), "torch_rng": torch.get_rng_state(),
+                "task_state": task_state}, tmp / STATE_FILE)
+    (tmp / CONFIG_FILE).write_text(config_json)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def is_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / STATE_FILE).is_file() and (path / "config.json").is_file()
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    root = Path(run_dir) / "checkpoints"
+    steps = sorted((int(m.group(1)), p) for p in root.glob("step_*")
+                   if (m := _STEP_DIR.search(p.name)) and is_checkpoint(p)) if root.is_dir() else []
+    return steps[-1][1] if steps else None
+
+
+def resolve_resume(path: str | Path) -> Path:
+    """Accept a checkpoint dir or a run dir (its latest checkpoint); explain what is wrong otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"cannot resume from {str(path)!r}: it does not exist")
+    if is_checkpoint(path):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(
+            f"cannot resume from {str(path)!r}: it is neither a checkpoint (a dir with {STATE_FILE}, "
+            f"{CONFIG_FILE} and model files) nor a run dir with checkpoints/step_*/ inside")
+    return latest
+
+
+def load_trainer_state(ckpt: Path) -> TrainerState:
+    try:
+        raw = torch.load(ckpt / STATE_FILE, weights_only=False)
+    except Exception as e:  # corrupt or foreign file: say which
+        raise CheckpointError(f"{ckpt / STATE_FILE} could not be read: {e}") from e
+    missing = {"step", "optimizer", "prompt_rng", "sample_rng", "torch_rng"} - set(raw)
+    if missing:
+        raise CheckpointError(f"{ckpt / STATE_FILE} lacks {sorted(missing)}: not a feedbackrl checkpoint")
+    return TrainerState(raw["step"], raw["optimizer"], raw["prompt_rng"], raw["sample_rng"], raw["torch_rng"],
+                        raw.get("task_state"))
+
+
+def read_config_json(ckpt: Path) -> dict[str, Any]:
+    return json.loads((ckpt / CONFIG_FILE).read_text())

@@ -1,0 +1,55 @@
+"""Held-out evaluation: greedy pass@1 and sampled pass@k on a task's fixed held-out problems."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.envs.base import Task
+from feedbackrl.rewards.verdict import Problem
+from feedbackrl.rollout.generate import generate
+
+
+@dataclass
+class EvalResult:
+    accuracy: float  # greedy pass@1
+    pass_at_k: float  # fraction of problems with at least one of k samples correct
+    k: int
+    n: int
+    mean_len: float
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"accuracy": self.accuracy, f"pass@{self.k}": self.pass_at_k, "k": self.k, "n": self.n,
+                "mean_len": self.mean_len, "samples": self.samples}
+
+
+def _batches(items: list[Problem], size: int) -> list[list[Problem]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, problems: list[Problem],
+             max_new_tokens: int, k: int = 4, temperature: float = 1.0, batch_size: int = 256,
+             seed: int = 1234, n_samples: int = 5) -> EvalResult:
+    """Greedy accuracy and pass@k. Sampling uses its own generator, so evaluating mid-run never
+    perturbs the training RNG streams (resumed runs stay exact)."""
+    gen = torch.Generator().manual_seed(seed)
+    correct, any_correct, lengths, samples = 0, 0, 0, []
+    for batch in _batches(problems, max(1, batch_size // max(k, 1))):
+        greedy = generate(model, tokenizer, [p.prompt for p in batch], max_new_tokens, greedy=True)
+        lengths += int(greedy.completion_mask.sum())
+        ok = [task.verify(p, t).passed for p, t in zip(batch, greedy.texts, strict=True)]
+        correct += sum(ok)
+        for p, t, good in zip(batch, greedy.texts, ok, strict=True):
+            if len(samples) < n_samples:
+                samples.append({"prompt": p.prompt, "completion": t, "correct": good})
+        sampled = generate(model, tokenizer, [p.prompt for p in batch for _ in range(k)], max_new_tokens,
+                           temperature=temperature, generator=gen)
+        for i, p in enumerate(batch):
+            hits = [task.verify(p, t).passed for t in sampled.texts[i * k : (i + 1) * k]]
+            any_correct += int(any(hits))
+    n = len(problems)
+    return EvalResult(correct / n, any_correct / n, k, n, lengths / n, samples)

@@ -1,0 +1,66 @@
+"""Offline training on fixed targets: SFT warm start on a task's demonstrations."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.algos.sft import sft_loss
+from feedbackrl.config import SFTConfig
+from feedbackrl.envs.base import Demonstrates, Task
+from feedbackrl.log import MetricsSink, progress
+from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
+
+
+class SFTUnavailable(ValueError):
+    """SFT was asked for but the task cannot write demonstrations."""
+
+
+def encode_completions(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> tuple[Tensor, Tensor]:
+    """Right-padded completion ids with EOS appended, and their mask."""
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
+    width = max(len(x) for x in ids)
+    out = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, x in enumerate(ids):
+        out[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = 1
+    return out, mask
+
+
+def warmup_lambda(warmup_steps: int):
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+
+
+def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, cfg: SFTConfig,
+                  seed: int, sink: MetricsSink) -> dict[str, float]:
+    """Train on `cfg.steps` batches of the task's (possibly noisy) demonstrations."""
+    if not isinstance(task, Demonstrates):
+        raise SFTUnavailable(f"sft.steps={cfg.steps} but task {task.name!r} cannot write demonstrations; "
+                             "set sft.steps = 0")
+    rng = random.Random(seed + 7_919)  # its own stream: SFT never shifts the RL data order
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(cfg.warmup_steps))
+    model.train()
+    loss_val = float("nan")
+    with progress() as bar:
+        job = bar.add_task("SFT warm start", total=cfg.steps, info="")
+        for step in range(cfg.steps):
+            problems = [task.sample(rng) for _ in range(cfg.batch_size)]
+            demos = [task.demonstrate(p, rng) for p in problems]
+            p_ids, p_mask = encode_prompts(tokenizer, [p.prompt for p in problems])
+            c_ids, c_mask = encode_completions(tokenizer, demos)
+            logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+            loss = sft_loss(logprobs, c_mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            loss_val = loss.item()
+            sink.log(step, {"phase": "sft", "loss/sft": loss_val, "lr": sched.get_last_lr()[0]})
+            bar.update(job, advance=1, info=f"loss {loss_val:.3f}")
+    return {"loss/sft_final": loss_val}

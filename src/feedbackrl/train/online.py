@@ -1,0 +1,156 @@
+"""The online RL loop (GRPO family), top to bottom: sample prompts, roll out, score, compute
+advantages, then for each epoch and minibatch compute the loss, step and log.
+
+All maths lives in `feedbackrl.algos`; this file only wires it. Setup helpers sit above the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.algos.advantages import group_advantages
+from feedbackrl.algos.aggregate import AGGREGATIONS
+from feedbackrl.algos.kl import kl_k3
+from feedbackrl.algos.policy_gradient import clipped_pg_loss
+from feedbackrl.config import RunConfig
+from feedbackrl.envs.base import Stateful, Task
+from feedbackrl.log import MetricsSink, console, progress
+from feedbackrl.models.load import load_policy
+from feedbackrl.rollout.generate import generate, sequence_logprobs
+from feedbackrl.train.checkpoint import load_trainer_state, save_checkpoint
+
+REFERENCE_DIR = "reference"
+
+
+def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
+
+
+def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
+                     resuming: bool) -> PreTrainedModel:
+    """The reference is the policy as it was when RL started; saved once so a resume reloads it."""
+    path = out_dir / REFERENCE_DIR
+    if resuming and path.is_dir():
+        ref = load_policy(str(path))
+    else:
+        ref = copy.deepcopy(model)
+        ref.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    ref.eval().requires_grad_(False)
+    return ref
+
+
+def _chunks(n: int, parts: int, generator: torch.Generator) -> list[torch.Tensor]:
+    if parts == 1:
+        return [torch.arange(n)]
+    return list(torch.randperm(n, generator=generator).chunk(parts))
+
+
+def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+               out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
+               on_eval: Callable[[int], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run GRPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics."""
+    a, ro_cfg = cfg.algo, cfg.rollout
+    B, G = ro_cfg.prompts_per_step, ro_cfg.group_size
+    optimizer = make_optimizer(model, cfg)
+    prompt_rng = random.Random(cfg.train.seed)
+    sample_rng = torch.Generator().manual_seed(cfg.train.seed)
+    start = 0
+    if resume_from is not None:
+        state = load_trainer_state(resume_from)
+        optimizer.load_state_dict(state.optimizer)
+        prompt_rng.setstate(state.prompt_rng)
+        sample_rng.set_state(state.sample_rng)
+        torch.set_rng_state(state.torch_rng)
+        if isinstance(task, Stateful) and state.task_state is not None:
+            task.load_state_dict(state.task_state)
+        start = state.step
+        console.print(f"resumed from {resume_from} at step {start}")
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from is not None) if a.kl_coef > 0 else None
+    aggregate = AGGREGATIONS[a.aggregation]
+    n_updates = a.epochs * a.minibatches
+    metrics: dict[str, Any] = {}
+
+    def checkpoint(step: int) -> None:
+        task_state = task.state_dict() if isinstance(task, Stateful) else None
+        save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
+                        cfg.model_dump_json(indent=2), task_state)
+
+    with progress() as bar:
+        job = bar.add_task("GRPO", total=a.steps, completed=start, info="")
+        for step in range(start, a.steps):
+            t0 = time.perf_counter()
+            # 1. roll out G completions for each of B prompts
+            problems = [task.sample(prompt_rng) for _ in range(B)]
+            ro = generate(model, tokenizer, [p.prompt for p in problems for _ in range(G)], ro_cfg.max_new_tokens,
+                          ro_cfg.temperature, ro_cfg.top_p, generator=sample_rng)
+            t_gen = time.perf_counter() - t0
+            # 2. score with the task's verifier, 3. group-relative advantages
+            owners = [problems[i // G] for i in range(B * G)]
+            verdicts = [task.verify(p, text) for p, text in zip(owners, ro.texts, strict=True)]
+            if isinstance(task, Stateful):
+                task.observe(owners, verdicts)
+            rewards = torch.tensor([v.score for v in verdicts])
+            advantages = group_advantages(rewards, G, scale=a.scale_advantages)
+            batch = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+            mask = ro.completion_mask.float()
+            with torch.no_grad():
+                # old log-probs only matter when the policy moves within a batch; with one update the
+                # ratio is exactly 1 and the detached current log-probs serve
+                old_lp = sequence_logprobs(model, *batch, ro_cfg.temperature)[0] if n_updates > 1 else None
+                ref_lp = sequence_logprobs(ref, *batch, ro_cfg.temperature)[0] if ref is not None else None
+            # 4. optimise: epochs x minibatches
+            stats: dict[str, list[float]] = {k: [] for k in ("loss/policy", "loss/kl", "kl/mean", "entropy/mean",
+                                                              "clip_frac", "grad_norm")}
+            model.train()
+            for _ in range(a.epochs):
+                for idx in _chunks(B * G, a.minibatches, sample_rng):
+                    mb = [t[idx] for t in batch]
+                    logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
+                    old = old_lp[idx] if old_lp is not None else logprobs.detach()
+                    pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[idx], mask[idx], a.clip_low, a.clip_high)
+                    per_token = pg
+                    kl = torch.zeros_like(pg)
+                    if ref_lp is not None:
+                        kl = kl_k3(logprobs, ref_lp[idx])
+                        per_token = pg + a.kl_coef * kl
+                    loss = aggregate(per_token, mask[idx], max_len=ro_cfg.max_new_tokens)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
+                    optimizer.step()
+                    n_tok = mask[idx].sum().clamp(min=1)
+                    stats["loss/policy"].append(aggregate(pg.detach(), mask[idx], max_len=ro_cfg.max_new_tokens).item())
+                    stats["loss/kl"].append(aggregate(kl.detach(), mask[idx], max_len=ro_cfg.max_new_tokens).item())
+                    stats["kl/mean"].append(((kl.detach() * mask[idx]).sum() / n_tok).item())
+                    stats["entropy/mean"].append(((entropy * mask[idx]).sum() / n_tok).item())
+                    stats["clip_frac"].append(pg_stats["clip_frac"].item())
+                    stats["grad_norm"].append(float(grad_norm))
+            # 5. log
+            dt = time.perf_counter() - t0
+            gen_tokens = int(ro.completion_mask.sum())
+            metrics = {
+                "phase": "rl", "reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
+                "reward/pass_rate": sum(v.passed for v in verdicts) / len(verdicts),
+                **{k: sum(v) / len(v) for k, v in stats.items()},
+                "rollout/len_mean": gen_tokens / (B * G), "rollout/truncated_frac": ro.truncated.float().mean().item(),
+                "perf/step_s": dt, "perf/gen_s": t_gen, "perf/tokens_per_s": gen_tokens / dt,
+            }
+            done = step + 1
+            if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
+                metrics.update(on_eval(done))
+            sink.log(done, metrics)
+            bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
+                checkpoint(done)
+    if start < a.steps or resume_from is None:
+        checkpoint(a.steps)
+    return metrics

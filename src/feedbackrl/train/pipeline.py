@@ -1,0 +1,103 @@
+"""One run, start to finish: build or load the policy, optional SFT warm start, evaluate, RL,
+evaluate again, write the report, the metrics and the plot.
+
+`OUT/` after a run: `config.json` (resolved config), `metrics.jsonl` (one line per step),
+`report.json`, `curves.png`, `checkpoints/step_*/` and, when built locally, `base_model/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.utils import logging as hf_logging
+
+from feedbackrl.config import RunConfig
+from feedbackrl.envs.base import Task
+from feedbackrl.envs.registry import make_task
+from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
+from feedbackrl.models.load import load_policy, load_tokenizer
+from feedbackrl.models.tiny import make_tiny
+from feedbackrl.train.checkpoint import read_config_json, resolve_resume
+from feedbackrl.train.evaluate import EvalResult, evaluate
+from feedbackrl.train.offline import sft_warmstart
+from feedbackrl.train.online import train_grpo
+from feedbackrl.train.report import print_report, write_plot
+
+
+def set_threads(n: int) -> None:
+    torch.set_num_threads(n or os.cpu_count() or 1)
+
+
+def load_or_build(cfg: RunConfig, out_dir: Path) -> tuple[Any, Any]:
+    path = cfg.model.path
+    if path == "tiny":
+        path = str(make_tiny(out_dir / "base_model", cfg.model.size, cfg.model.init_seed))
+    return load_policy(path), load_tokenizer(path)
+
+
+def make_sink(cfg: RunConfig, out_dir: Path) -> MetricsSink:
+    sinks: list[MetricsSink] = [JsonlSink(out_dir / "metrics.jsonl")]
+    if cfg.train.tensorboard:
+        sinks.append(TensorBoardSink(out_dir / "tensorboard"))
+    return MultiSink(sinks)
+
+
+def run_eval(model: Any, tokenizer: Any, task: Task, cfg: RunConfig) -> EvalResult:
+    problems = task.heldout(cfg.task.heldout_size)
+    return evaluate(model, tokenizer, task, problems, cfg.rollout.max_new_tokens, k=cfg.eval.pass_k,
+                    temperature=cfg.rollout.temperature, batch_size=cfg.eval.batch_size)
+
+
+def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
+    """Run the recipe into `out_dir`; with `resume`, continue RL from a checkpoint (SFT is not redone)."""
+    t_start = time.perf_counter()
+    hf_logging.disable_progress_bar()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    set_threads(cfg.train.threads)
+    console.print_json(cfg.model_dump_json())
+    (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    task = make_task(cfg.task)
+    ckpt = resolve_resume(resume) if resume is not None else None
+    sink = make_sink(cfg, out_dir)
+    try:
+        if ckpt is not None:
+            saved = read_config_json(ckpt)
+            if saved != json.loads(cfg.model_dump_json()):
+                console.print("[yellow]warning: resuming with a config that differs from the checkpoint's")
+            model, tokenizer = load_policy(str(ckpt)), load_tokenizer(str(ckpt))
+            before = json.loads((out_dir / "eval_before.json").read_text()) \
+                if (out_dir / "eval_before.json").exists() else None
+        else:
+            model, tokenizer = load_or_build(cfg, out_dir)
+            if cfg.sft.steps:
+                sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
+            before = run_eval(model, tokenizer, task, cfg).to_dict()
+            (out_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
+            sink.log(0, {"phase": "eval", "eval/accuracy": before["accuracy"],
+                         f"eval/pass@{cfg.eval.pass_k}": before[f"pass@{cfg.eval.pass_k}"]})
+
+        def on_eval(step: int) -> dict[str, Any]:
+            r = run_eval(model, tokenizer, task, cfg)
+            return {"eval/accuracy": r.accuracy, f"eval/pass@{r.k}": r.pass_at_k}
+
+        t_rl = time.perf_counter()
+        train_grpo(cfg, model, tokenizer, task, out_dir, sink, resume_from=ckpt, on_eval=on_eval)
+        rl_seconds = time.perf_counter() - t_rl
+        after = run_eval(model, tokenizer, task, cfg).to_dict()
+        sink.log(cfg.algo.steps, {"phase": "eval", "eval/accuracy": after["accuracy"],
+                                  f"eval/pass@{cfg.eval.pass_k}": after[f"pass@{cfg.eval.pass_k}"]})
+    finally:
+        sink.close()
+    report = {"task": cfg.task.name, "algo": cfg.algo.name, "steps": cfg.algo.steps, "eval_before": before,
+              "eval_after": after, "rl_seconds": rl_seconds, "wall_seconds": time.perf_counter() - t_start,
+              "resumed_from": str(ckpt) if ckpt else None}
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    write_plot(out_dir / "metrics.jsonl", out_dir / "curves.png")
+    print_report(report)
+    return report
