@@ -1,8 +1,8 @@
 """Checkpoints that resume exactly: model (HF format), optimizer, every RNG, step, task state.
 
 Layout: `OUT/checkpoints/step_000042/` holds the model and tokenizer (`save_pretrained`, so it
-loads like any HF model), `trainer_state.pt` (optimizer, RNG states, step, task state) and
-`config.json` (the resolved run config).
+loads like any HF model, whose own `config.json` is the model config), `trainer_state.pt`
+(optimizer, RNG states, step, task state) and `run_config.json` (the resolved run config).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 STATE_FILE = "trainer_state.pt"
-CONFIG_FILE = "config.json"
+CONFIG_FILE = "run_config.json"  # not config.json: that name is the HF model config
 _STEP_DIR = re.compile(r"step_(\d+)$")
 
 
@@ -56,7 +56,7 @@ def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer: torch.
 
 
 def is_checkpoint(path: Path) -> bool:
-    return path.is_dir() and (path / STATE_FILE).is_file() and (path / "config.json").is_file()
+    return path.is_dir() and all((path / f).is_file() for f in (STATE_FILE, CONFIG_FILE, "config.json"))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
