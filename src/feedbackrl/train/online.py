@@ -25,7 +25,7 @@ from feedbackrl.envs.base import Stateful, Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.load import load_policy
 from feedbackrl.rollout.generate import generate, sequence_logprobs
-from feedbackrl.train.checkpoint import load_trainer_state, save_checkpoint
+from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 
 REFERENCE_DIR = "reference"
 
@@ -35,13 +35,23 @@ def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimi
 
 
 def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
-                     resuming: bool) -> PreTrainedModel:
-    """The reference is the policy as it was when RL started; saved once so a resume reloads it."""
+                     resume_from: Path | None) -> PreTrainedModel:
+    """The reference is the policy as it was when RL started; saved once so a resume reloads it.
+
+    A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N -> RUN/reference), so
+    resuming into a new out dir never freezes the resumed policy instead.
+    """
     path = out_dir / REFERENCE_DIR
-    if resuming and path.is_dir():
-        ref = load_policy(str(path))
-    else:
+    saved = None if resume_from is None else Path(resume_from).parent.parent / REFERENCE_DIR
+    if saved is None:
         ref = copy.deepcopy(model)
+    elif saved.is_dir():
+        ref = load_policy(str(saved))
+    else:
+        raise CheckpointError(f"cannot resume from {str(resume_from)!r} with algo.kl_coef > 0: its frozen reference "
+                              f"{str(saved)!r} is missing (was the run started with kl_coef = 0, or the checkpoint "
+                              "moved out of its run dir?)")
+    if saved is None or saved.resolve() != path.resolve():
         ref.save_pretrained(path)
         tokenizer.save_pretrained(path)
     ref.eval().requires_grad_(False)
@@ -74,7 +84,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             task.load_state_dict(state.task_state)
         start = state.step
         console.print(f"resumed from {resume_from} at step {start}")
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from is not None) if a.kl_coef > 0 else None
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
     metrics: dict[str, Any] = {}
