@@ -50,7 +50,7 @@ def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
         return logits
     sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
     cum = sorted_logits.softmax(-1).cumsum(-1)
-    drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix with mass >= top_p
+    drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix with mass >= top_p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
