@@ -101,7 +101,9 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
+        if not e["loc"]:  # a cross-field check: its message names the fields; the input is the whole recipe
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key (value {e['input']!r}); check the spelling, "
                          "see `feedbackrl config` for the allowed keys")
         else:
