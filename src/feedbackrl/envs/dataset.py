@@ -1,29 +1,47 @@
-"""Dataset-backed tasks: prompts and gold answers from a file, judged by a named verifier.
+"""Dataset-backed tasks: prompts and gold answers from a file or a `datasets` dataset, judged by a
+named verifier.
 
-Rows are read eagerly and checked up front, so a bad row fails the run before any training
-with its index and the columns that do exist, instead of crashing mid-run.
+Sources: a JSONL file (any suffix other than those below), a Parquet (`.parquet`) or CSV (`.csv`,
+header row first) file, a directory written by `datasets.Dataset.save_to_disk` (a DatasetDict
+needs `split`), or a `datasets.Dataset` object passed from Python. Nothing is ever downloaded.
+
+Columns are mapped with `prompt_field` and `answer_field`; `meta_fields` are copied into
+`Problem.meta`, and `demo_field` names a column of reference completions for SFT warm starts
+(without it, the "exact" and "math" verifiers demonstrate the gold answer itself).
+
+Verifiers, chosen by name in `VERIFIERS`: "exact" (stripped string equality), "math"
+(`rewards.math.MathVerifier`) and "code" (`rewards.code.CodeVerifier`: the answer column holds
+the tests, as a dict or JSON text). `verifier_options` go to the verifier's constructor.
+
+Rows are read eagerly and checked up front (code tests are parsed too), so a bad row fails the
+run before any training with its index and the columns that do exist, instead of crashing mid-run.
+
+Verdicts are cached per (row, completion), up to `_CACHE_SIZE` of them: a tiny policy repeats
+itself a lot, and a code verdict costs a sandboxed process per test. This assumes verifiers are
+deterministic, which holds for exact and math, and for code whose tests are.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from feedbackrl.rewards.verdict import Problem, Verdict, fail
+from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
+
+_CACHE_SIZE = 50_000
 
 
 class DatasetError(ValueError):
     """A dataset file or row that cannot be used; the message names the row and columns."""
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file (one JSON object per line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"dataset file {str(path)!r} does not exist")
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file (one JSON object per line; blank lines skipped, still counted)."""
     rows = []
     for i, line in enumerate(path.read_text().splitlines()):
         if not line.strip():
@@ -35,8 +53,84 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise DatasetError(f"{path}: row {i} is a {type(row).__name__}, expected a JSON object")
         rows.append(row)
+    return rows
+
+
+def read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows of a CSV file with a header row; every value is a string."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        rows = []
+        for i, row in enumerate(reader):
+            if None in row or None in row.values():  # DictReader's marks for too many / too few fields
+                n = len(header) + len(row[None]) if None in row else sum(v is not None for v in row.values())
+                raise DatasetError(f"{path}: row {i} has {n} fields but the header has {len(header)}: {header}")
+            rows.append(row)
+    return rows
+
+
+READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {".parquet": read_parquet, ".csv": read_csv}
+
+
+def rows_of_hf(data: Any, source: str, split: str | None = None) -> list[dict[str, Any]]:
+    """Rows of a `datasets.Dataset`, or of one split of a `datasets.DatasetDict`."""
+    if isinstance(data, dict):  # DatasetDict is a dict of splits
+        if split not in data:
+            raise DatasetError(f"{source}: has splits {sorted(data)}; set task.options.split to one of them"
+                               + (f" (got {split!r})" if split is not None else ""))
+        data = data[split]
+    if not hasattr(data, "to_list"):
+        raise DatasetError(f"{source}: expected a file path, a saved dataset directory or a datasets.Dataset, "
+                           f"got {type(data).__name__}")
+    return data.to_list()
+
+
+def load_saved_dataset(path: Path, split: str | None) -> list[dict[str, Any]]:
+    """Rows of a directory written by `save_to_disk` (local only: `load_from_disk` never downloads)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"{path} is a directory; reading saved datasets needs `pip install datasets`") from None
+    try:
+        data = datasets.load_from_disk(str(path))
+    except FileNotFoundError as e:
+        raise DatasetError(f"{path} is a directory but not a dataset written by save_to_disk ({e})") from None
+    return rows_of_hf(data, str(path), split)
+
+
+def source_label(source: Any) -> str:
+    """How error messages name a source: its path, or the kind of in-memory dataset."""
+    if isinstance(source, str | Path):
+        return str(source)
+    rows = getattr(source, "num_rows", None)
+    return f"<{type(source).__name__} with {rows} rows>" if isinstance(rows, int) else f"<{type(source).__name__}>"
+
+
+def read_rows(path: Any, split: str | None = None) -> list[dict[str, Any]]:
+    """Rows of a JSONL/Parquet/CSV file, a saved dataset directory or a `datasets.Dataset`."""
+    if not isinstance(path, str | Path):
+        rows = rows_of_hf(path, source_label(path), split)
+    else:
+        path = Path(path)
+        if path.is_dir():
+            rows = load_saved_dataset(path, split)
+        elif not path.is_file():
+            raise DatasetError(f"dataset file {str(path)!r} does not exist")
+        else:
+            rows = READERS.get(path.suffix.lower(), read_jsonl)(path)
     if not rows:
-        raise DatasetError(f"dataset file {str(path)!r} has no rows")
+        raise DatasetError(f"dataset file {source_label(path)!r} has no rows")
     return rows
 
 
@@ -49,38 +143,103 @@ def exact_match(problem: Problem, completion: str) -> Verdict:
                    {"completion": got[:200], "expected": want})
 
 
+def make_exact(**options: Any) -> RewardSource:
+    if options:
+        raise ValueError(f"verifier 'exact' takes no verifier_options, got {sorted(options)}")
+    return exact_match
+
+
+def make_math(**options: Any) -> RewardSource:
+    from feedbackrl.rewards.math import MathVerifier
+
+    if "order" in options:
+        options["order"] = tuple(options["order"])
+    return MathVerifier(**options)
+
+
+def make_code(**options: Any) -> RewardSource:
+    from feedbackrl.rewards.code import CodeVerifier
+
+    return CodeVerifier(**options)
+
+
+VERIFIERS: dict[str, Callable[..., RewardSource]] = {"exact": make_exact, "math": make_math, "code": make_code}
+
+
+def check_answer(verifier: str, answer: Any) -> str | None:
+    """Why `answer` cannot be a gold reference for `verifier`, or None when it can."""
+    if verifier == "code":
+        from feedbackrl.rewards.code import BadTests, parse_tests
+
+        try:
+            parse_tests(answer)
+        except BadTests as e:
+            return f"holds no valid tests: {e}"
+        return None
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        return "is empty"
+    return None
+
+
 @dataclass
 class DatasetTask:
-    """Problems from a JSONL file; a fixed `heldout_fraction` of rows is kept for eval."""
+    """Problems from a dataset source; a fixed `heldout_fraction` of rows is kept for eval."""
 
-    path: str
+    path: Any
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     heldout_fraction: float = 0.1
     name: str = "dataset"
+    verifier: str = "exact"
+    verifier_options: dict[str, Any] = field(default_factory=dict)
+    meta_fields: list[str] = field(default_factory=list)
+    demo_field: str | None = None
+    split: str | None = None
     _train: list[Problem] = field(init=False, repr=False)
     _heldout: list[Problem] = field(init=False, repr=False)
+    _demos: dict[int, str] = field(init=False, repr=False, default_factory=dict)
+    _verify: RewardSource = field(init=False, repr=False)
+    _cache: dict[tuple[int, str], Verdict] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise DatasetError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
-        problems = []
-        for i, row in enumerate(read_rows(self.path)):
-            missing = [f for f in (self.prompt_field, self.answer_field) if f not in row]
-            if missing:
-                raise DatasetError(f"{self.path}: row {i} has no column {missing[0]!r}; "
-                                   f"its columns are {sorted(row)}. Set task.options.prompt_field / "
-                                   "answer_field to map your columns.")
-            if not isinstance(row[self.prompt_field], str) or not row[self.prompt_field]:
-                raise DatasetError(f"{self.path}: row {i} column {self.prompt_field!r} must be a non-empty string")
-            problems.append(Problem(row[self.prompt_field], row[self.answer_field], {"row": i}))
+        if self.verifier not in VERIFIERS:
+            raise DatasetError(f"unknown verifier {self.verifier!r}; choose one of {sorted(VERIFIERS)}")
+        self._verify = VERIFIERS[self.verifier](**self.verifier_options)
+        label = source_label(self.path)
+        problems = [self._problem(i, row, label) for i, row in enumerate(read_rows(self.path, self.split))]
         order = list(range(len(problems)))
         random.Random(0).shuffle(order)
         n_held = int(round(len(problems) * self.heldout_fraction))
         self._heldout = [problems[i] for i in order[:n_held]]
         self._train = [problems[i] for i in order[n_held:]]
         if not self._train:
-            raise DatasetError(f"{self.path}: no training rows left after holding out {n_held}")
+            raise DatasetError(f"{label}: no training rows left after holding out {n_held}")
+
+    def _problem(self, i: int, row: dict[str, Any], label: str) -> Problem:
+        missing = [f for f in (self.prompt_field, self.answer_field) if f not in row]
+        if missing:
+            raise DatasetError(f"{label}: row {i} has no column {missing[0]!r}; "
+                               f"its columns are {sorted(row)}. Set task.options.prompt_field / "
+                               "answer_field to map your columns.")
+        extra = [f for f in [*self.meta_fields, *([self.demo_field] if self.demo_field else [])] if f not in row]
+        if extra:
+            raise DatasetError(f"{label}: row {i} has no column {extra[0]!r}; its columns are {sorted(row)}. "
+                               "Check task.options.meta_fields / demo_field.")
+        if not isinstance(row[self.prompt_field], str) or not row[self.prompt_field]:
+            raise DatasetError(f"{label}: row {i} column {self.prompt_field!r} must be a non-empty string")
+        why = check_answer(self.verifier, row[self.answer_field])
+        if why:
+            raise DatasetError(f"{label}: row {i} column {self.answer_field!r} {why} "
+                               f"(verifier {self.verifier!r}; columns {sorted(row)})")
+        if self.demo_field:
+            demo = row[self.demo_field]
+            if not isinstance(demo, str) or not demo:
+                raise DatasetError(f"{label}: row {i} column {self.demo_field!r} must be a non-empty string")
+            self._demos[i] = demo
+        meta = {"row": i, **{f: row[f] for f in self.meta_fields}}
+        return Problem(row[self.prompt_field], row[self.answer_field], meta)
 
     def sample(self, rng: random.Random) -> Problem:
         return self._train[rng.randrange(len(self._train))]
@@ -88,5 +247,21 @@ class DatasetTask:
     def heldout(self, n: int) -> list[Problem]:
         return self._heldout[:n]
 
+    def demonstrate(self, problem: Problem, rng: random.Random) -> str:
+        """The row's `demo_field`, else the gold answer itself (exact and math verifiers only)."""
+        if self.demo_field:
+            return self._demos[problem.meta["row"]]
+        if self.verifier == "code":
+            raise DatasetError("verifier 'code' has tests, not completions, as answers: set task.options.demo_field "
+                               "to a column of reference programs, or sft.steps = 0")
+        return str(problem.answer)
+
     def verify(self, problem: Problem, completion: str) -> Verdict:
-        return exact_match(problem, completion)
+        key = (problem.meta.get("row", -1), completion)
+        if key[0] < 0 or not isinstance(completion, str):  # a problem built elsewhere: nothing to key on
+            return self._verify(problem, completion)
+        if key not in self._cache:
+            if len(self._cache) >= _CACHE_SIZE:
+                self._cache.pop(next(iter(self._cache)))  # oldest first
+            self._cache[key] = self._verify(problem, completion)
+        return self._cache[key]
