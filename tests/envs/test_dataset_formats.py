@@ -6,9 +6,6 @@ import json
 import random
 from pathlib import Path
 
-import datasets
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from feedbackrl.config import ConfigError, TaskConfig
@@ -17,12 +14,16 @@ from feedbackrl.envs.dataset import DatasetError, DatasetTask, read_rows
 from feedbackrl.envs.registry import make_task
 from feedbackrl.rewards import sandbox
 
+datasets = pytest.importorskip("datasets")  # optional: not a feedbackrl dependency (pyarrow comes with it)
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
 ROWS = [{"question": f"{i}+1=", "solution": str(i + 1), "level": i % 3} for i in range(10)]
 DOUBLE_TESTS = json.dumps({"io": [{"input": "2\n", "output": "4\n"}, {"input": "5\n", "output": "10\n"}]})
 needs_sandbox = pytest.mark.skipif(not all(sandbox.probe().values()), reason="sandbox isolation unavailable")
 
 
-def write(tmp_path: Path, fmt: str, rows: list[dict]) -> str | datasets.Dataset:
+def write(tmp_path: Path, fmt: str, rows: list[dict]) -> object:
     """`rows` in format `fmt`; returns what DatasetTask's `path` takes."""
     if fmt == "jsonl":
         path = tmp_path / "d.jsonl"
