@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny local models, built on the spot (no downloads).
+
+Torch runs on one thread: the suite shares 2 cores with other work, and two spinning intra-op
+threads on a busy core make a tiny forward pass ~50x slower than one thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.utils import logging as hf_logging
+
+torch.set_num_threads(1)
+hf_logging.disable_progress_bar()
+hf_logging.set_verbosity_error()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly initialised tiny Llama + char tokenizer saved with save_pretrained (seed 0). Read-only."""
+    from feedbackrl.models.tiny import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("tiny") / "model", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from feedbackrl.models.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def peaked_lm(tokenizer):
+    """A tiny Llama whose 2-D weights are redrawn with std 0.3 (instead of 0.02). Read-only.
+
+    The stock init gives near-uniform logits and the same argmax for every prompt, which makes
+    greedy comparisons vacuous; larger weights make the output depend on the prompt and leave
+    clear gaps between the top logits.
+    """
+    from feedbackrl.models.tiny import build_model
+
+    model = build_model(tokenizer, "tiny", seed=0)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3, generator=gen)
+    return model.eval()

@@ -1,0 +1,189 @@
+"""A run stopped at a checkpoint and resumed must end bit-for-bit where the uninterrupted run ends."""
+
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from feedbackrl.config import RunConfig, build_config
+from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.models.load import load_policy, load_tokenizer
+from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_trainer_state,
+    read_config_json,
+    resolve_resume,
+)
+from feedbackrl.train.online import train_grpo
+
+COMPLETION_LEN = 4
+
+
+@dataclass
+class ShapedAddition(AdditionTask):
+    """Addition with partial credit and state.
+
+    The score is the fraction of digits among the 4 generated characters, so even a random policy
+    gets rewards that differ within a group (nonzero advantages: the policy really moves). The state
+    (batches seen) sets the difficulty: 1-digit problems for 2 batches, then 2-digit ones, so a resume
+    that lost the task state would train on other prompts.
+    """
+
+    batches: int = 0
+
+    def sample(self, rng: random.Random) -> Problem:
+        return AdditionTask(digits=1 + self.batches // 2).sample(rng)
+
+    def verify(self, problem: Problem, completion: str) -> Verdict:
+        score = min(sum(c.isdigit() for c in completion), COMPLETION_LEN) / COMPLETION_LEN
+        return Verdict(score, score == 1.0, f"{score:.2f} digits")
+
+    def observe(self, problems: list[Problem], verdicts: list[Verdict]) -> None:
+        self.batches += 1
+
+    def state_dict(self) -> dict:
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches = state["batches"]
+
+
+def config(steps: int) -> RunConfig:
+    # two epochs x two minibatches: old log-probs and minibatch shuffling are in play;
+    # kl_coef > 0: the frozen reference is too.
+    return build_config({
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": COMPLETION_LEN},
+        "algo": {"steps": steps, "epochs": 2, "minibatches": 2, "kl_coef": 0.1, "lr": 1e-2},
+        "train": {"seed": 3, "checkpoint_every": 2},
+    })
+
+
+def train(model_dir: Path, out: Path, steps: int, sink, resume_from: Path | None = None):
+    model, tokenizer = load_policy(str(model_dir)), load_tokenizer(str(model_dir))
+    train_grpo(config(steps), model, tokenizer, ShapedAddition(), out, sink, resume_from=resume_from)
+    return model
+
+
+class Rows:
+    def __init__(self) -> None:
+        self.rows: dict[int, dict] = {}
+
+    def log(self, step: int, metrics: dict) -> None:
+        self.rows[step] = metrics
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """4 uninterrupted steps: (final parameters, metrics by step, run dir)."""
+    out, rows = tmp_path_factory.mktemp("full"), Rows()
+    model = train(tiny_model_dir, out, 4, rows)
+    return {k: v.clone() for k, v in model.state_dict().items()}, rows.rows, out
+
+
+@pytest.fixture(scope="module")
+def half_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run stopped after 2 steps (it checkpoints at step 2). Copy before writing into it."""
+    out = tmp_path_factory.mktemp("half")
+    train(tiny_model_dir, out, 2, Rows())
+    return out
+
+
+def assert_same_parameters(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[0]}: max abs diff " \
+                       f"{(got[differ[0]] - want[differ[0]]).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("into", ["same-run-dir", "new-out-dir"])
+def test_resume_is_bit_exact(full_run, half_run: Path, tmp_path: Path, into: str):
+    want, full_rows, _ = full_run
+    run = shutil.copytree(half_run, tmp_path / "run")
+    ckpt = resolve_resume(run)
+    assert ckpt.name == "step_000002"
+    torch.manual_seed(12345)  # a fresh process would start from other global RNG state
+    rows = Rows()
+    out = run if into == "same-run-dir" else tmp_path / "elsewhere"
+    model = train(ckpt, out, 4, rows, resume_from=ckpt)  # model reloaded from the checkpoint dir
+    assert_same_parameters(model.state_dict(), want)
+    assert sorted(rows.rows) == [3, 4]
+    for step in (3, 4):
+        for key in ("reward/mean", "loss/policy", "kl/mean", "clip_frac"):
+            assert rows.rows[step][key] == full_rows[step][key], (step, key)
+
+
+def test_the_resumed_run_exercises_every_path(full_run, tiny_model_dir: Path):
+    # Preconditions for the bit-exact test to mean something: the policy moved, the KL term was
+    # live and some updates were clipped (old log-probs differed from the current ones).
+    want, rows, _ = full_run
+    base = load_policy(str(tiny_model_dir)).state_dict()
+    moved = max((want[k] - base[k]).abs().max().item() for k in base)
+    assert moved > 1e-3, moved
+    assert all(rows[s]["kl/mean"] > 0 for s in (2, 3, 4)), rows
+    assert any(rows[s]["clip_frac"] > 0 for s in rows), rows
+    assert len({rows[s]["reward/mean"] for s in rows}) > 1
+
+
+def test_checkpoint_layout(half_run: Path, tiny_model_dir: Path):
+    ckpt = half_run / "checkpoints" / "step_000002"
+    state = load_trainer_state(ckpt)
+    assert state.step == 2 and state.task_state == {"batches": 2}
+    assert read_config_json(ckpt) == config(2).model_dump(mode="json")
+    # the model files are an ordinary HF model directory
+    again = AutoModelForCausalLM.from_pretrained(ckpt)
+    assert again.config.model_type == "llama"
+    # the frozen KL reference is the policy at the start of RL
+    ref = load_policy(str(half_run / "reference")).state_dict()
+    assert_same_parameters(ref, load_policy(str(tiny_model_dir)).state_dict())
+
+
+def test_latest_checkpoint_and_resolve_resume(full_run, tmp_path: Path):
+    _, _, run = full_run
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+    assert latest_checkpoint(run).name == "step_000004"
+    assert resolve_resume(run) == latest_checkpoint(run)
+    assert resolve_resume(run / "checkpoints" / "step_000002").name == "step_000002"
+    # a half-written checkpoint (crash before the rename) is never picked
+    copy = shutil.copytree(run, tmp_path / "run")
+    shutil.copytree(copy / "checkpoints" / "step_000004", copy / "checkpoints" / "step_000006.tmp")
+    assert latest_checkpoint(copy).name == "step_000004"
+
+
+def test_resolve_resume_rejects_a_dir_that_is_not_a_checkpoint(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(CheckpointError) as err:
+        resolve_resume(tmp_path)
+    msg = str(err.value)
+    assert repr(str(tmp_path)) in msg and "neither a checkpoint" in msg and "trainer_state.pt" in msg
+
+
+def test_resolve_resume_rejects_a_missing_path(tmp_path: Path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_resume(tmp_path / "gone")
+
+
+def test_unreadable_trainer_state_is_a_checkpoint_error(half_run: Path, tmp_path: Path):
+    ckpt = shutil.copytree(half_run / "checkpoints" / "step_000002", tmp_path / "ckpt")
+    (ckpt / "trainer_state.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="could not be read"):
+        load_trainer_state(ckpt)
+    torch.save({"step": 1}, ckpt / "trainer_state.pt")
+    with pytest.raises(CheckpointError, match="not a feedbackrl checkpoint"):
+        load_trainer_state(ckpt)
+
+
+def test_resume_with_kl_needs_the_runs_frozen_reference(half_run: Path, tmp_path: Path):
+    # A checkpoint copied out of its run dir has no reference next to it: refuse rather than
+    # silently freezing the resumed policy as the reference.
+    ckpt = shutil.copytree(half_run / "checkpoints" / "step_000002", tmp_path / "a" / "b" / "step_000002")
+    with pytest.raises(CheckpointError, match="frozen reference"):
+        train(ckpt, tmp_path / "out", 4, Rows(), resume_from=ckpt)
