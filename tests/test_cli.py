@@ -1,6 +1,7 @@
 """The `feedbackrl` command: resolved config, user errors exit 2 with a clear message, a tiny end-to-end run."""
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,12 @@ def test_config_prints_the_resolved_json():
 
 
 def test_config_of_a_recipe():
+    recipe = tomllib.loads(demo_recipe_path().read_text())
     result = runner.invoke(app, ["config", str(demo_recipe_path())])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["sft"]["steps"] == 600
+    cfg = json.loads(result.stdout)
+    assert cfg["sft"]["steps"] == recipe["sft"]["steps"] and cfg["task"]["name"] == recipe["task"]["name"]
+    assert cfg["eval"]["batch_size"] == 256  # not in the recipe: default filled in
 
 
 def test_train_with_an_unknown_key_exits_2_naming_it(tmp_path: Path):

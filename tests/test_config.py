@@ -13,8 +13,8 @@ def test_shipped_demo_recipe_loads():
     from feedbackrl.cli import demo_recipe_path
 
     cfg = load_config(demo_recipe_path())
-    assert cfg.task.options == {"digits": 2, "demo_noise": 0.6}
-    assert cfg.sft.steps == 600 and cfg.algo.steps == 150
+    assert cfg.task.name == "reverse" and cfg.task.options["demo_noise"] == 0.6
+    assert cfg.sft.steps > 0 and cfg.algo.steps > 0  # the demo warm-starts, then runs RL
 
 
 @pytest.mark.parametrize("data, dotted", [

@@ -15,7 +15,7 @@ app = typer.Typer(help="RL post-training from verifiable rewards and human feedb
                   pretty_exceptions_enable=False)
 app.add_typer(verify_app, name="verify")
 
-DEMO_RECIPE = "addition_grpo.toml"
+DEMO_RECIPE = "reverse_grpo.toml"
 
 
 def _fail(msg: str) -> None:

@@ -1,6 +1,7 @@
 """Tasks selectable by name in a recipe (`[task] name = "..."`, options in `[task.options]`).
 
 - addition: `procedural.addition.AdditionTask`
+- reverse: `procedural.reverse.ReverseTask` (the demo task)
 - dataset: `dataset.DatasetTask` (JSONL/Parquet/CSV/saved `datasets`; verifier exact, math or code)
 - reasoning_gym: `reasoning_gym.ReasoningGymTask` (any reasoning-gym generator, `dataset` + `config`)
 - adaptive_addition, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
@@ -18,10 +19,12 @@ from feedbackrl.envs.adaptive import adaptive_addition, adaptive_reasoning_gym
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.dataset import DatasetError, DatasetTask
 from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
 
 TASKS: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
+    "reverse": ReverseTask,
     "dataset": DatasetTask,
     "reasoning_gym": ReasoningGymTask,
     "adaptive_addition": adaptive_addition,

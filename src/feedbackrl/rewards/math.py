@@ -262,8 +262,11 @@ def _timer(seconds: float) -> Iterator[None]:
         raise CheckTimeout(f"check took longer than {seconds}s")
 
     start = time.monotonic()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})  # a blocked SIGALRM would never stop us
     old_handler = signal.signal(signal.SIGALRM, on_alarm)
-    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    # Re-fire every 50 ms after the first alarm: SymPy has bare `except:` clauses that can swallow
+    # one CheckTimeout, and a one-shot timer would then never stop the check (seen in the suite).
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
     if old_delay and old_delay < seconds:  # the caller's deadline comes first: keep it
         signal.setitimer(signal.ITIMER_REAL, old_delay)
     try:
