@@ -30,6 +30,7 @@ from typing import Any
 
 from feedbackrl.envs.base import Demonstrates, Task
 from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
 from feedbackrl.rewards.verdict import Problem, Verdict
 
@@ -179,3 +180,15 @@ def adaptive_reasoning_gym(*, dataset: str, levels: list[dict[str, Any]], eval_l
         for i, overrides in enumerate(levels)}
     controller = DifficultyController(0, len(levels) - 1, start_level, low, high, window)
     return AdaptiveTask(tasks, controller, eval_level, name="adaptive_reasoning_gym")
+
+
+def adaptive_reverse(*, eval_level: int, min_level: int = 3, max_level: int = 10, start_level: int | None = None,
+                     low: float = 0.3, high: float = 0.7, window: int = 128, shortest: int = 3,
+                     alphabet_size: int = 10, demo_noise: float = 0.0, sloppy_from: int = 5) -> AdaptiveTask:
+    """Word reversal whose level L draws words of `shortest`..L letters (so a level includes the easier ones)."""
+    levels: dict[int, Task] = {
+        n: ReverseTask(min_len=min(shortest, n), max_len=n, alphabet_size=alphabet_size, demo_noise=demo_noise,
+                       sloppy_from=sloppy_from) for n in range(min_level, max_level + 1)}
+    start = min_level if start_level is None else start_level
+    return AdaptiveTask(levels, DifficultyController(min_level, max_level, start, low, high, window),
+                        eval_level, name="adaptive_reverse")

@@ -4,7 +4,7 @@
 - reverse: `procedural.reverse.ReverseTask` (the demo task)
 - dataset: `dataset.DatasetTask` (JSONL/Parquet/CSV/saved `datasets`; verifier exact, math or code)
 - reasoning_gym: `reasoning_gym.ReasoningGymTask` (any reasoning-gym generator, `dataset` + `config`)
-- adaptive_addition, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
+- adaptive_addition, adaptive_reverse, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from feedbackrl.config import ConfigError, TaskConfig
-from feedbackrl.envs.adaptive import adaptive_addition, adaptive_reasoning_gym
+from feedbackrl.envs.adaptive import adaptive_addition, adaptive_reasoning_gym, adaptive_reverse
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.dataset import DatasetError, DatasetTask
 from feedbackrl.envs.procedural.addition import AdditionTask
@@ -29,6 +29,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "reasoning_gym": ReasoningGymTask,
     "adaptive_addition": adaptive_addition,
     "adaptive_reasoning_gym": adaptive_reasoning_gym,
+    "adaptive_reverse": adaptive_reverse,
 }
 
 

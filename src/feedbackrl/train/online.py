@@ -154,6 +154,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 "rollout/len_mean": gen_tokens / (B * G), "rollout/truncated_frac": ro.truncated.float().mean().item(),
                 "perf/step_s": dt, "perf/gen_s": t_gen, "perf/tokens_per_s": gen_tokens / dt,
             }
+            if hasattr(task, "difficulty"):  # adaptive tasks: where the controller is now
+                metrics["task/difficulty"] = task.difficulty
             done = step + 1
             if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
                 metrics.update(on_eval(done))
