@@ -27,6 +27,7 @@ import csv
 import json
 import random
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,7 @@ class DatasetTask:
     meta_fields: list[str] = field(default_factory=list)
     demo_field: str | None = None
     split: str | None = None
+    verify_workers: int = 4
     _train: list[Problem] = field(init=False, repr=False)
     _heldout: list[Problem] = field(init=False, repr=False)
     _demos: dict[int, str] = field(init=False, repr=False, default_factory=dict)
@@ -265,3 +267,18 @@ class DatasetTask:
                 self._cache.pop(next(iter(self._cache)))  # oldest first
             self._cache[key] = self._verify(problem, completion)
         return self._cache[key]
+
+    def verify_batch(self, problems: list[Problem], completions: list[str]) -> list[Verdict]:
+        """All verdicts of a rollout batch. Code runs `verify_workers` sandboxes at a time (the threads
+        only wait on subprocesses); other verifiers are CPU-bound Python and run in order."""
+        if self.verifier != "code" or self.verify_workers <= 1:
+            return [self.verify(p, c) for p, c in zip(problems, completions, strict=True)]
+        todo = {(p.meta.get("row", -1), c): (p, c) for p, c in zip(problems, completions, strict=True)
+                if (p.meta.get("row", -1), c) not in self._cache}
+        with ThreadPoolExecutor(max_workers=self.verify_workers) as pool:
+            fresh = dict(zip(todo, pool.map(lambda pc: self._verify(*pc), todo.values()), strict=True))
+        for key, verdict in fresh.items():  # fill the cache here, on one thread
+            if key[0] >= 0:
+                self._cache[key] = verdict
+        return [fresh.get((p.meta.get("row", -1), c)) or self.verify(p, c)
+                for p, c in zip(problems, completions, strict=True)]

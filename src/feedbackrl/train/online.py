@@ -105,7 +105,10 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             t_gen = time.perf_counter() - t0
             # 2. score with the task's verifier, 3. group-relative advantages
             owners = [problems[i // G] for i in range(B * G)]
-            verdicts = [task.verify(p, text) for p, text in zip(owners, ro.texts, strict=True)]
+            if hasattr(task, "verify_batch"):  # e.g. code: many sandboxes at once
+                verdicts = task.verify_batch(owners, ro.texts)
+            else:
+                verdicts = [task.verify(p, text) for p, text in zip(owners, ro.texts, strict=True)]
             if isinstance(task, Stateful):
                 task.observe(owners, verdicts)
             rewards = torch.tensor([v.score for v in verdicts])
