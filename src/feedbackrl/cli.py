@@ -9,11 +9,13 @@ from typing import Annotated
 
 import typer
 
+from feedbackrl.cli_label import label_app
 from feedbackrl.cli_verify import verify_app
 
 app = typer.Typer(help="RL post-training from verifiable rewards and human feedback.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 app.add_typer(verify_app, name="verify")
+app.add_typer(label_app, name="label")
 
 DEMO_RECIPE = "reverse_grpo.toml"
 

@@ -1,0 +1,295 @@
+"""The feedback database: projects, items, labellers (hashed tokens), memberships and labels.
+
+The schema is owned by the Alembic migrations in `migrations/`; `open_db` upgrades to head, so a
+fresh SQLite file or an empty PostgreSQL database is ready after one call. The models below mirror
+the migrations (a test compares them).
+
+Idempotency lives in the schema: a label carries a client-chosen `submission_id`, unique per
+labeller, so a retried request can never insert twice; and a partial unique index allows one
+active (not undone) label per labeller and item.
+
+Tokens are 256-bit random strings (`secrets.token_urlsafe(32)`); only their SHA-256 is stored.
+With that much entropy a plain hash is enough: there is nothing to brute-force, unlike passwords.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    select,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+KINDS: tuple[str, ...] = ("pairwise", "ranking", "accept_reject")
+NAME_MAX = 64
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class FeedbackError(ValueError):
+    """A request the store refuses; `status` is the HTTP status the app answers with."""
+
+    status = 422
+
+
+class NotFound(FeedbackError):
+    status = 404
+
+
+class Forbidden(FeedbackError):
+    status = 403
+
+
+class Conflict(FeedbackError):
+    status = 409
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    overlap: Mapped[int] = mapped_column(Integer, default=1)  # labels wanted per item (>1 measures agreement)
+    instructions: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Item(Base):
+    __tablename__ = "items"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    prompt: Mapped[str] = mapped_column(Text)
+    responses: Mapped[list[str]] = mapped_column(JSON)  # 2 (pairwise), k >= 2 (ranking) or 1 (accept_reject)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Labeller(Base):
+    __tablename__ = "labellers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Membership(Base):
+    __tablename__ = "memberships"
+    __table_args__ = (UniqueConstraint("project_id", "labeller_id", name="uq_membership"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    labeller_id: Mapped[int] = mapped_column(ForeignKey("labellers.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+ACTIVE = text("retracted_at IS NULL")
+
+
+class Label(Base):
+    __tablename__ = "labels"
+    __table_args__ = (
+        UniqueConstraint("labeller_id", "submission_id", name="uq_label_submission"),
+        Index("uq_label_active", "item_id", "labeller_id", unique=True,
+              sqlite_where=ACTIVE, postgresql_where=ACTIVE),
+        Index("ix_labels_project", "project_id", "labeller_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    labeller_id: Mapped[int] = mapped_column(ForeignKey("labellers.id", ondelete="CASCADE"))
+    submission_id: Mapped[str] = mapped_column(String(64))
+    choice: Mapped[str] = mapped_column(String(8))  # a/b/tie, ranked, accept/reject, or skip
+    ranking: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)  # response indices, best first
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    retracted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)  # set by undo
+
+
+# --- opening a database -----------------------------------------------------------------------
+
+
+def normalize_url(db: str) -> str:
+    """A SQLAlchemy URL, or a plain file path (-> SQLite). `postgresql://` uses psycopg 3."""
+    if "://" not in db:
+        return f"sqlite:///{Path(db).expanduser().resolve()}"
+    if db.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + db.split("://", 1)[1]
+    return db
+
+
+def _sqlite_pragmas(engine: Engine) -> None:
+    # pysqlite's own BEGIN is deferred: two read-then-write transactions can then deadlock and one
+    # fails at once with "database is locked", busy timeout or not. BEGIN IMMEDIATE takes the write
+    # lock up front, so concurrent writers queue on the busy timeout instead. SQLAlchemy documents
+    # this recipe under "Serializable isolation / Savepoints / Transactional DDL" (pysqlite).
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(db: str) -> Engine:
+    url = normalize_url(db)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        _sqlite_pragmas(engine)
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=30, pool_pre_ping=True)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Run the Alembic migrations up to `revision` on `engine`."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def open_db(db: str, migrate: bool = True) -> sessionmaker[Session]:
+    """Engine for `db` (URL or SQLite path), migrated to head; returns a session factory."""
+    engine = make_engine(db)
+    if migrate:
+        upgrade(engine)
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+# --- tokens, labellers, projects ---------------------------------------------------------------
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def _check_name(name: str, what: str) -> str:
+    name = name.strip()
+    if not name or len(name) > NAME_MAX:
+        raise FeedbackError(f"{what} name must be 1-{NAME_MAX} characters, got {name!r:.80}")
+    return name
+
+
+def create_labeller(s: Session, name: str, is_admin: bool = False) -> tuple[Labeller, str]:
+    """A new labeller (or admin) -> (row, token). The token is shown once; only its hash is kept."""
+    name = _check_name(name, "labeller")
+    if s.scalar(select(Labeller).where(Labeller.name == name)):
+        raise Conflict(f"labeller {name!r} already exists (rotate their token with rotate_token)")
+    token = new_token()
+    labeller = Labeller(name=name, token_hash=hash_token(token), is_admin=is_admin)
+    s.add(labeller)
+    s.flush()
+    return labeller, token
+
+
+def rotate_token(s: Session, name: str) -> str:
+    labeller = get_labeller(s, name)
+    token = new_token()
+    labeller.token_hash = hash_token(token)
+    return token
+
+
+def get_labeller(s: Session, name: str) -> Labeller:
+    labeller = s.scalar(select(Labeller).where(Labeller.name == name))
+    if labeller is None:
+        raise NotFound(f"no labeller named {name!r}")
+    return labeller
+
+
+def authenticate(s: Session, token: str) -> Labeller | None:
+    if not token:
+        return None
+    return s.scalar(select(Labeller).where(Labeller.token_hash == hash_token(token)))
+
+
+def create_project(s: Session, name: str, kind: str, overlap: int = 1, instructions: str = "") -> Project:
+    name = _check_name(name, "project")
+    if kind not in KINDS:
+        raise FeedbackError(f"project kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    if not 1 <= overlap <= 100:
+        raise FeedbackError(f"overlap (labels wanted per item) must be in 1..100; got {overlap}")
+    if s.scalar(select(Project).where(Project.name == name)):
+        raise Conflict(f"project {name!r} already exists")
+    project = Project(name=name, kind=kind, overlap=overlap, instructions=instructions)
+    s.add(project)
+    s.flush()
+    return project
+
+
+def get_project(s: Session, name: str) -> Project:
+    project = s.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        names = s.scalars(select(Project.name).order_by(Project.name)).all()
+        raise NotFound(f"no project named {name!r}; projects: {', '.join(names) or 'none yet'}")
+    return project
+
+
+def add_member(s: Session, project: Project, labeller: Labeller) -> bool:
+    """Give `labeller` access to `project`; False if they already had it."""
+    exists = s.scalar(select(Membership).where(Membership.project_id == project.id,
+                                               Membership.labeller_id == labeller.id))
+    if exists:
+        return False
+    s.add(Membership(project_id=project.id, labeller_id=labeller.id))
+    s.flush()
+    return True
+
+
+def visible_projects(s: Session, who: Labeller) -> list[Project]:
+    query = select(Project).order_by(Project.id)
+    if not who.is_admin:
+        query = query.join(Membership, Membership.project_id == Project.id).where(Membership.labeller_id == who.id)
+    return list(s.scalars(query))
+
+
+def project_for(s: Session, who: Labeller, project_id: int) -> Project:
+    """The project if `who` may see it. Others get the same 404 as a missing one (no probing)."""
+    project = s.get(Project, project_id)
+    allowed = project is not None and (who.is_admin or s.scalar(
+        select(Membership.id).where(Membership.project_id == project_id, Membership.labeller_id == who.id)))
+    if not allowed:
+        raise NotFound(f"project {project_id} not found, or not shared with {who.name!r}")
+    return project
