@@ -137,11 +137,12 @@ def test_cannot_write_outside_the_work_dir(verifier: CodeVerifier) -> None:
                 open(path, 'w').write('x')
                 print('wrote', path)
             except OSError as e:
-                print('denied', e.errno)
+                print('denied' if e.errno in (2, 13, 30) else e.errno)  # ENOENT, EACCES, EROFS
         open('inside.txt', 'w').write('fine')
         print(open('inside.txt').read())
         """)
-    verdict = run_io(verifier, program, expected="denied 30\n" * len(targets) + "fine\n")  # EROFS
+    # EROFS for read-only mounts; ENOENT where the target's directory is hidden (a repo under /tmp)
+    verdict = run_io(verifier, program, expected="denied\n" * len(targets) + "fine\n")
     assert verdict.score == 1.0, verdict.details
     assert not any(os.path.exists(path) for path in targets)
 

@@ -54,14 +54,15 @@ def isolate_fs(libc: _Libc) -> None:
     """Private mounts, a fresh /proc, /root and /home hidden, every mount read-only and nosuid."""
     libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here reaches the host
     libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    libc.mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
-    os.makedirs(WORKDIR)
     # The Python install must stay readable by the runner's uid even if it lives under /root.
+    # Resolve its paths before /tmp is covered: a venv under /tmp (a CI clone, say) links to it.
     exe_dir = os.path.dirname(os.path.realpath(sys.executable))
     prefixes: list[str] = []
     for p in sorted({os.path.realpath(sys.base_prefix), exe_dir}):
         if not any(p.startswith(q + "/") for q in prefixes):
             prefixes.append(p)
+    libc.mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
+    os.makedirs(WORKDIR)
     hidden = [d for d in ("/root", "/home") if os.path.isdir(d)]
     hidden += [a for p in prefixes if (a := _closed_ancestor(p)) and a not in hidden]
     buried = [p for p in prefixes if any(p.startswith(d + "/") for d in hidden)]
