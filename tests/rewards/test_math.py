@@ -23,7 +23,7 @@ from feedbackrl.rewards.math import (
 )
 from feedbackrl.rewards.verdict import Problem
 
-VERIFY = MathVerifier()
+VERIFY = MathVerifier(timeout_s=30.0)  # generous: a loaded CI machine must not turn "ok" into "timeout"
 
 
 def _params(rows: list[tuple]) -> list:
@@ -180,7 +180,7 @@ def test_huge_numbers_cannot_hang(completion: str, where: str) -> None:
     else:
         verdict = _in_worker_thread(verifier, Problem("p", "1"), completion)
     # 1 s timer + 1 s grace + a cold child process start (imports SymPy) on the worker path
-    assert time.monotonic() - start < 6.0
+    assert time.monotonic() - start < 20.0  # bounded, not hung; generous for a loaded machine
     assert verdict.score == 0.0
 
 

@@ -258,8 +258,11 @@ def compare(gold: str, answer: str) -> Comparison:
 def _timer(seconds: float) -> Iterator[None]:
     """Raise CheckTimeout in the main thread after `seconds`, then restore the caller's timer."""
 
+    armed = True
+
     def on_alarm(signum: int, frame: object) -> None:
-        raise CheckTimeout(f"check took longer than {seconds}s")
+        if armed:  # a re-fire while the first CheckTimeout unwinds must not escape our caller
+            raise CheckTimeout(f"check took longer than {seconds}s")
 
     start = time.monotonic()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})  # a blocked SIGALRM would never stop us
@@ -272,6 +275,7 @@ def _timer(seconds: float) -> Iterator[None]:
     try:
         yield
     finally:
+        armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)
         if old_delay:
