@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -65,6 +65,67 @@ class GRPOConfig(Section):
         "token_mean", description="how per-token losses become a scalar")
 
 
+class RLOOConfig(GRPOConfig):
+    """RLOO: the GRPO loop with leave-one-out advantages (Ahmadian et al. 2024)."""
+
+    name: Literal["rloo"] = Field("rloo", description="algorithm")
+    scale_advantages: bool = Field(False, description="also divide by the group std (TRL's normalize_advantages)")
+
+
+class PPOConfig(Section):
+    name: Literal["ppo"] = Field("ppo", description="algorithm")
+    steps: int = Field(100, ge=0, description="training steps (one rollout batch each)")
+    lr: float = Field(2e-4, gt=0, le=1, description="AdamW learning rate (policy and value head)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    epochs: int = Field(2, ge=1, le=64, description="optimisation passes over each rollout batch")
+    minibatches: int = Field(2, ge=1, description="optimizer steps per epoch (splits the batch)")
+    clip: float = Field(0.2, gt=0, le=1, description="PPO policy ratio clip")
+    value_clip: float = Field(0.2, gt=0, description="clip of the value change around the rollout-time value")
+    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss")
+    kl_coef: float = Field(0.05, ge=0, description="beta of the per-token KL penalty folded into the reward")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    whiten_advantages: bool = Field(True, description="normalise advantages over the batch's tokens")
+
+
+class DPOConfig(Section):
+    name: Literal["dpo"] = Field("dpo", description="algorithm")
+    loss: Literal["dpo", "ipo", "pro"] = Field("dpo", description="pairwise dpo/ipo, or listwise pro (rankings)")
+    beta: float = Field(0.1, gt=0, description="DPO's beta (IPO's tau; PRO's score scale)")
+    epochs: int = Field(2, ge=1, le=100, description="passes over the preference data")
+    batch_size: int = Field(64, ge=1, description="pairs (or rankings) per optimizer step")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step (must divide batch_size)")
+    lr: float = Field(1e-4, gt=0, le=1, description="AdamW learning rate")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+
+class RewardModelConfig(Section):
+    name: Literal["reward_model"] = Field("reward_model", description="algorithm")
+    kind: Literal["reward", "cost"] = Field("reward", description="what the scalar head means (cost: lower is safer)")
+    epochs: int = Field(3, ge=1, le=100, description="passes over the preference pairs")
+    batch_size: int = Field(64, ge=1, description="pairs per optimizer step")
+    lr: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate (backbone and head)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+
+AlgoConfig = Annotated[GRPOConfig | RLOOConfig | PPOConfig | DPOConfig | RewardModelConfig,
+                       Field(discriminator="name")]
+ALGO_NAMES = ("grpo", "rloo", "ppo", "dpo", "reward_model")
+ONLINE_ALGOS = ("grpo", "rloo", "ppo")
+
+
+class RewardConfig(Section):
+    model: str = Field("", description='"" = the task\'s verifier; else a reward model dir (from a reward_model run)')
+
+
+class PrefsConfig(Section):
+    path: str = Field("", description='JSONL/Parquet pairs or rankings; "" = sample the policy, simulated labeller')
+    prompts: int = Field(2000, ge=1, description="training prompts to sample and label")
+    heldout_prompts: int = Field(400, ge=1, description="held-out prompts labelled for evaluation")
+    responses: int = Field(2, ge=2, le=16, description="responses per prompt: 2 = pairs, more = rankings (loss pro)")
+    temperature: float = Field(0.05, ge=0, description="labeller noise: P(a > b) = sigmoid((gold_a - gold_b) / T)")
+
+
 class EvalConfig(Section):
     every: int = Field(0, ge=0, description="evaluate every N training steps; 0 = only before/after")
     pass_k: int = Field(4, ge=1, le=256, description="k for pass@k (sampled at the rollout temperature)")
@@ -83,25 +144,58 @@ class RunConfig(Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    algo: GRPOConfig = Field(default_factory=GRPOConfig)
+    algo: AlgoConfig = Field(default_factory=GRPOConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    prefs: PrefsConfig = Field(default_factory=PrefsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_algo(cls, data: Any) -> Any:
+        # an [algo] section without a name is GRPO, as it was before there were other algorithms
+        if isinstance(data, dict) and isinstance(data.get("algo"), dict) and "name" not in data["algo"]:
+            data = {**data, "algo": {"name": "grpo", **data["algo"]}}
+        return data
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
-        n = self.rollout.prompts_per_step * self.rollout.group_size
-        if n % self.algo.minibatches:
-            raise ValueError(f"algo.minibatches={self.algo.minibatches} must divide prompts_per_step*group_size={n}")
-        if self.algo.scale_advantages and self.rollout.group_size < 2:
+        a, n = self.algo, self.rollout.prompts_per_step * self.rollout.group_size
+        if a.name in ONLINE_ALGOS and n % a.minibatches:
+            raise ValueError(f"algo.minibatches={a.minibatches} must divide prompts_per_step*group_size={n}")
+        if a.name == "grpo" and a.scale_advantages and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 for group-normalised advantages")
+        if a.name == "rloo" and self.rollout.group_size < 2:
+            raise ValueError("rollout.group_size must be >= 2 for rloo (the baseline needs another sample)")
+        if a.name == "dpo" and a.batch_size % a.grad_accum:
+            raise ValueError(f"algo.grad_accum={a.grad_accum} must divide algo.batch_size={a.batch_size}")
+        if a.name == "dpo" and (a.loss == "pro") != (self.prefs.responses > 2):
+            need = "> 2 (rankings)" if a.loss == "pro" else "= 2 (pairs)"
+            raise ValueError(f"algo.loss={a.loss!r} needs prefs.responses {need}; got {self.prefs.responses}")
+        if a.name == "reward_model" and self.prefs.responses != 2:
+            raise ValueError(f"the reward model trains on pairs: prefs.responses must be 2, got {self.prefs.responses}")
+        if self.reward.model and a.name not in ONLINE_ALGOS:
+            raise ValueError(f"reward.model is the reward of online RL ({', '.join(ONLINE_ALGOS)}); "
+                             f"algo.name={a.name!r} does not use it")
         return self
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    """('algo', 'dpo', 'beta') -> 'algo.beta': the union's tag is not a key the user wrote."""
+    if len(loc) > 1 and loc[0] == "algo" and loc[1] in ALGO_NAMES:
+        loc = (loc[0], *loc[2:])
+    return ".".join(str(p) for p in loc) or "<root>"
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if not e["loc"]:  # a cross-field check: its message names the fields; the input is the whole recipe
+        loc = _location(e["loc"])
+        if e["type"] == "union_tag_invalid":
+            lines.append(f"  {loc}.name: unknown algorithm {e['input'].get('name')!r}; choose one of {ALGO_NAMES}")
+        elif e["type"] == "union_tag_not_found":
+            lines.append(f"  {loc}.name: missing; choose one of {ALGO_NAMES}")
+        elif not e["loc"]:  # a cross-field check: its message names the fields; the input is the whole recipe
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         elif e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key (value {e['input']!r}); check the spelling, "

@@ -38,3 +38,13 @@ def test_rloo_rejects_bad_group_size():
         rloo_advantages(torch.zeros(4), group_size=1)
     with pytest.raises(ValueError, match="dividing its length"):
         rloo_advantages(torch.zeros(5), group_size=2)
+
+
+def test_rloo_scaled_by_group_std_hand_computed():
+    # Group (1, 2, 3, 6): leave-one-out advantages (-8/3, -4/3, 0, 4) as above; mean 3,
+    # unbiased variance ((-2)^2 + (-1)^2 + 0^2 + 3^2) / 3 = 14/3, std = 2.160247; eps = 0.
+    adv = rloo_advantages(torch.tensor([1.0, 2.0, 3.0, 6.0]), group_size=4, scale=True, eps=0.0)
+    std = (14 / 3) ** 0.5
+    assert adv.tolist() == pytest.approx([-8 / 3 / std, -4 / 3 / std, 0.0, 4 / std], abs=1e-6)
+    # an all-equal group has std 0: eps keeps it at 0, not NaN
+    assert rloo_advantages(torch.tensor([2.0, 2.0]), group_size=2, scale=True).tolist() == [0.0, 0.0]

@@ -20,14 +20,21 @@ from feedbackrl.algos.advantages import group_advantages
 from feedbackrl.algos.aggregate import AGGREGATIONS
 from feedbackrl.algos.kl import kl_k3
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
+from feedbackrl.algos.rloo import rloo_advantages
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Stateful, Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.load import load_policy
+from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import generate, sequence_logprobs
 from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 
 REFERENCE_DIR = "reference"
+# the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
+ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"grpo": group_advantages, "rloo": rloo_advantages}
+# scores completions in place of the task's verifier (e.g. a learned reward model); the dict holds
+# extra metrics for the step's log line (e.g. the gold reward of the same completions)
+Scorer = Callable[[list[Problem], list[str]], tuple[list[Verdict], dict[str, float]]]
 
 
 def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -66,8 +73,12 @@ def _chunks(n: int, parts: int, generator: torch.Generator) -> list[torch.Tensor
 
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
-               on_eval: Callable[[int], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run GRPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics."""
+               on_eval: Callable[[int], dict[str, Any]] | None = None,
+               scorer: Scorer | None = None) -> dict[str, Any]:
+    """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
+
+    Completions are scored by the task's verifier, or by `scorer` when given.
+    """
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G = ro_cfg.prompts_per_step, ro_cfg.group_size
     optimizer = make_optimizer(model, cfg)
@@ -95,7 +106,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         cfg.model_dump_json(indent=2), task_state)
 
     with progress() as bar:
-        job = bar.add_task("GRPO", total=a.steps, completed=start, info="")
+        job = bar.add_task(a.name.upper(), total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
             t0 = time.perf_counter()
             # 1. roll out G completions for each of B prompts
@@ -105,14 +116,17 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             t_gen = time.perf_counter() - t0
             # 2. score with the task's verifier, 3. group-relative advantages
             owners = [problems[i // G] for i in range(B * G)]
-            if hasattr(task, "verify_batch"):  # e.g. code: many sandboxes at once
+            extra: dict[str, float] = {}
+            if scorer is not None:
+                verdicts, extra = scorer(owners, ro.texts)
+            elif hasattr(task, "verify_batch"):  # e.g. code: many sandboxes at once
                 verdicts = task.verify_batch(owners, ro.texts)
             else:
                 verdicts = [task.verify(p, text) for p, text in zip(owners, ro.texts, strict=True)]
             if isinstance(task, Stateful):
                 task.observe(owners, verdicts)
             rewards = torch.tensor([v.score for v in verdicts])
-            advantages = group_advantages(rewards, G, scale=a.scale_advantages)
+            advantages = ADVANTAGES[a.name](rewards, G, scale=a.scale_advantages)
             batch = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
             mask = ro.completion_mask.float()
             with torch.no_grad():
@@ -155,7 +169,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 "reward/pass_rate": sum(v.passed for v in verdicts) / len(verdicts),
                 **{k: sum(v) / len(v) for k, v in stats.items()},
                 "rollout/len_mean": gen_tokens / (B * G), "rollout/truncated_frac": ro.truncated.float().mean().item(),
-                "perf/step_s": dt, "perf/gen_s": t_gen, "perf/tokens_per_s": gen_tokens / dt,
+                "perf/step_s": dt, "perf/gen_s": t_gen, "perf/tokens_per_s": gen_tokens / dt, **extra,
             }
             if hasattr(task, "difficulty"):  # adaptive tasks: where the controller is now
                 metrics["task/difficulty"] = task.difficulty

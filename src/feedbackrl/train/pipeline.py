@@ -22,11 +22,12 @@ from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.tiny import make_tiny
-from feedbackrl.train.checkpoint import read_config_json, resolve_resume
+from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
 from feedbackrl.train.evaluate import EvalResult, evaluate
 from feedbackrl.train.offline import sft_warmstart
 from feedbackrl.train.online import train_grpo
 from feedbackrl.train.report import print_report, write_plot
+from feedbackrl.train.rlhf import finish_rlhf, run_rlhf
 
 
 def set_threads(n: int) -> None:
@@ -55,6 +56,8 @@ def run_eval(model: Any, tokenizer: Any, task: Task, cfg: RunConfig) -> EvalResu
 
 def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
     """Run the recipe into `out_dir`; with `resume`, continue RL from a checkpoint (SFT is not redone)."""
+    if cfg.algo.name not in ("grpo", "rloo") or cfg.reward.model:
+        return run_preference(cfg, out_dir, resume)
     t_start = time.perf_counter()
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
@@ -100,4 +103,25 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
     (out_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_plot(out_dir / "metrics.jsonl", out_dir / "curves.png")
     print_report(report)
+    return report
+
+
+def run_preference(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
+    """reward_model, dpo, ppo, or online RL against a learned reward: see `train/rlhf.py`."""
+    if resume is not None:
+        raise CheckpointError(f"--resume works for grpo and rloo against the task's verifier only, not "
+                              f"algo.name={cfg.algo.name!r} with reward.model={cfg.reward.model!r}")
+    hf_logging.disable_progress_bar()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    set_threads(cfg.train.threads)
+    console.print_json(cfg.model_dump_json())
+    (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    sink = make_sink(cfg, out_dir)
+    try:
+        model, tokenizer = load_or_build(cfg, out_dir)
+        report = run_rlhf(cfg, model, tokenizer, out_dir, sink)
+    finally:
+        sink.close()
+    finish_rlhf(report, out_dir)
     return report

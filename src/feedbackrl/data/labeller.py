@@ -1,0 +1,180 @@
+"""A simulated labeller: a hidden gold score, noisy Bradley-Terry choices, preference datasets.
+
+Everything in the preference half (reward models, DPO, PPO/RLOO against a learned reward) needs
+people who compare responses. Here a hidden *gold* function plays them, so the whole flow runs
+offline and, unlike with real people, the truth is known: the gold score measures what a policy
+really gained, while training only ever sees the noisy labels.
+
+Gold score (`reverse_gold`, the reverse task; any other task uses its verifier's score):
+
+    gold = 1                                                 for the exact reversal
+    gold = 0.8 * max(0, matches / len(answer) - 0.1 * |len(completion) - len(answer)|)   otherwise
+
+`matches` counts positions where the completion has the answer's letter. So a wrong answer is
+worth at most 0.8 (strictly below a correct one), partly right answers are graded, and
+each letter too many or too few costs 0.1 of the match fraction. The SFT habit of copying a long
+word instead of reversing it scores about 0.1-0.2.
+
+Choice model: shown responses a and b, the labeller prefers a with probability
+P(a > b) = sigmoid((gold_a - gold_b) / temperature), the Bradley-Terry model with a noise knob
+(temperature 0 = always the gold-better one, a tie is a coin flip). Rankings of k > 2 responses
+are Plackett-Luce draws with the same scores (sort by gold / temperature + Gumbel noise), which
+reduce to the same Bradley-Terry choice for k = 2.
+
+The best any model of the labels can do on a pair is to predict the gold-better response, right
+with probability max(p, 1 - p); `label_ceiling` averages that over a set of pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.envs.base import Task
+from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.rollout.generate import generate
+
+GoldScore = Callable[[Problem, str], float]
+
+PARTIAL_CAP = 0.8  # the most a wrong answer can score
+LENGTH_PENALTY = 0.1  # per letter too many or too few, in units of the match fraction
+
+
+def reverse_gold(problem: Problem, completion: str) -> float:
+    """The reverse task's hidden gold score in [0, 1] (formula in the module docstring)."""
+    answer, text = problem.answer, completion.strip()
+    if text == answer:
+        return 1.0
+    matches = sum(a == b for a, b in zip(text, answer, strict=False))
+    partial = matches / len(answer) - LENGTH_PENALTY * abs(len(text) - len(answer))
+    return PARTIAL_CAP * max(0.0, partial)
+
+
+GOLD_SCORES: dict[str, GoldScore] = {"reverse": reverse_gold}
+
+
+def gold_score_for(task: Task) -> GoldScore:
+    """The task's own gold function, else its verifier's score (binary for most verifiers)."""
+    return GOLD_SCORES.get(task.name, lambda problem, completion: task.verify(problem, completion).score)
+
+
+def choice_probability(gold_a: float, gold_b: float, temperature: float) -> float:
+    """P(labeller prefers a over b) = sigmoid((gold_a - gold_b) / temperature); T = 0 is a hard choice."""
+    diff = gold_a - gold_b
+    if temperature == 0 or diff == 0:
+        return 0.5 if diff == 0 else float(diff > 0)
+    return 1.0 / (1.0 + math.exp(-diff / temperature))
+
+
+@dataclass
+class Labeller:
+    """Hidden gold score + noisy choices, with its own seeded random stream."""
+
+    gold: GoldScore
+    temperature: float = 0.1
+    seed: int = 0
+    rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"labeller temperature must be >= 0 (0 = noise-free), got {self.temperature}")
+        self.rng = random.Random(self.seed)
+
+    def choose(self, problem: Problem, a: str, b: str) -> tuple[str, str]:
+        """-> (chosen, rejected), a Bradley-Terry draw on the gold scores."""
+        p = choice_probability(self.gold(problem, a), self.gold(problem, b), self.temperature)
+        return (a, b) if self.rng.random() < p else (b, a)
+
+    def rank(self, problem: Problem, responses: list[str]) -> list[str]:
+        """-> responses best first, a Plackett-Luce draw (Gumbel-max trick) on gold / temperature."""
+        def key(text: str) -> float:
+            g = self.gold(problem, text)
+            noise = self.rng.random()  # drawn for every response so the stream does not depend on T
+            if self.temperature == 0:
+                return g + 1e-9 * noise  # random tie-break only
+            return g / self.temperature - math.log(-math.log(max(noise, 1e-300)))
+
+        return sorted(responses, key=key, reverse=True)
+
+    def verdict(self, problem: Problem, completion: str) -> Verdict:
+        """The gold score as a reward source (for measuring, never for training)."""
+        g = self.gold(problem, completion)
+        return Verdict(g, g == 1.0, f"gold {g:.3f}", {"gold": g})
+
+
+# --- datasets -------------------------------------------------------------------------------------
+
+
+def sample_candidates(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[Problem], k: int,
+                      max_new_tokens: int, temperature: float, generator: torch.Generator,
+                      batch_size: int = 512) -> list[list[str]]:
+    """Up to k distinct, non-empty sampled responses per problem (2k samples drawn per problem).
+
+    Identical or empty responses cannot form a pair (data/preferences.py rejects them), so they are
+    dropped here; a prompt whose samples are all alike yields fewer than k.
+    """
+    draws = 2 * k
+    prompts = [p.prompt for p in problems for _ in range(draws)]
+    texts: list[str] = []
+    for i in range(0, len(prompts), batch_size):
+        texts += generate(model, tokenizer, prompts[i : i + batch_size], max_new_tokens, temperature,
+                          generator=generator).texts
+    out = []
+    for j in range(len(problems)):
+        distinct = [t for t in dict.fromkeys(texts[j * draws : (j + 1) * draws]) if t.strip()]
+        out.append(distinct[:k])
+    return out
+
+
+def label_rows(labeller: Labeller, problems: list[Problem], candidates: list[list[str]],
+               k: int) -> list[dict[str, Any]]:
+    """Rows in data/preferences.py's formats, with the gold evidence as extra columns.
+
+    k = 2: {prompt, chosen, rejected, gold_chosen, gold_rejected, p_chosen}, where p_chosen is the
+    probability the labeller had of choosing `chosen` (so label_ceiling needs no labeller).
+    k > 2: {prompt, responses (best first), gold}. Problems with fewer than k candidates are skipped.
+    """
+    rows = []
+    for problem, cands in zip(problems, candidates, strict=True):
+        if len(cands) < k:
+            continue
+        if k == 2:
+            chosen, rejected = labeller.choose(problem, cands[0], cands[1])
+            g_c, g_r = labeller.gold(problem, chosen), labeller.gold(problem, rejected)
+            rows.append({"prompt": problem.prompt, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c,
+                         "gold_rejected": g_r, "p_chosen": choice_probability(g_c, g_r, labeller.temperature)})
+        else:
+            ranked = labeller.rank(problem, cands[:k])
+            rows.append({"prompt": problem.prompt, "responses": ranked,
+                         "gold": [labeller.gold(problem, r) for r in ranked]})
+    return rows
+
+
+def label_ceiling(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Pairwise accuracy limits set by the labeller's noise, from the gold columns of pair rows.
+
+    `expected`: mean max(p, 1 - p), the expected accuracy of predicting the gold-better response
+    (the Bayes-optimal predictor). `realised`: the share of these labels that agree with gold
+    (ties count one half), what that predictor scores on this very sample.
+    """
+    if not rows or "p_chosen" not in rows[0]:
+        return {}
+    expected = sum(max(r["p_chosen"], 1 - r["p_chosen"]) for r in rows) / len(rows)
+    agree = [1.0 if r["gold_chosen"] > r["gold_rejected"] else 0.5 if r["gold_chosen"] == r["gold_rejected"] else 0.0
+             for r in rows]
+    return {"expected": expected, "realised": sum(agree) / len(rows), "pairs": float(len(rows))}
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

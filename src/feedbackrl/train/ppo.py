@@ -1,0 +1,140 @@
+"""PPO with a value head (RLHF as in Ziegler et al. 2019 and InstructGPT), top to bottom: sample
+prompts, roll out, score, fold the per-token KL penalty into the rewards, GAE, whiten, then for
+each epoch and minibatch the clipped policy and value losses, step and log.
+
+All maths lives in `feedbackrl.algos.ppo`; this file only wires it. The score comes from the
+task's verifier or from a `Scorer` (a learned reward model, see `train/rlhf.py`).
+
+Departures from InstructGPT: the value head sits on the policy's own last hidden state (one
+network, loss = policy + vf_coef * value, as in Ziegler et al.'s shared-trunk variant and TRL's
+old `AutoModelForCausalLMWithValueHead`) rather than a separate critic initialised from the
+reward model: half the compute on a CPU. The head is zero-initialised, so the first values are 0.
+No resume: a PPO run saves its final policy (and value head) but cannot be continued.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, value_loss, whiten
+from feedbackrl.config import RunConfig
+from feedbackrl.envs.base import Task
+from feedbackrl.log import MetricsSink, progress
+from feedbackrl.rollout.generate import generate, positions, sequence_logprobs
+from feedbackrl.train.checkpoint import save_checkpoint
+from feedbackrl.train.online import Scorer, _chunks
+
+VALUE_HEAD_FILE = "value_head.pt"
+
+
+def make_value_head(model: PreTrainedModel) -> nn.Linear:
+    head = nn.Linear(model.config.hidden_size, 1)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
+                        completion_ids: Tensor, completion_mask: Tensor,
+                        temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """One forward pass -> per-token log-probs, values and entropy, each (N, T), 0 on padding.
+
+    values[:, t] is read at the position that predicts completion token t: the state before acting.
+    """
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    p = prompt_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), output_hidden_states=True)
+    logp_all = torch.log_softmax(out.logits[:, p - 1 : -1].float() / temperature, dim=-1)
+    m = completion_mask.float()
+    logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * m
+    values = value_head(out.hidden_states[-1][:, p - 1 : -1]).squeeze(-1).float() * m
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1) * m
+    return logprobs, values, entropy
+
+
+def _score(task: Task, scorer: Scorer | None, problems: list, texts: list[str]) -> tuple[list, dict[str, float]]:
+    if scorer is not None:
+        return scorer(problems, texts)
+    if hasattr(task, "verify_batch"):
+        return task.verify_batch(problems, texts), {}
+    return [task.verify(p, t) for p, t in zip(problems, texts, strict=True)], {}
+
+
+def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+              out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None) -> dict[str, Any]:
+    """Run PPO for `cfg.algo.steps` steps; saves the final policy as a checkpoint. Returns the last metrics."""
+    a, ro_cfg = cfg.algo, cfg.rollout
+    B, G, temp = ro_cfg.prompts_per_step, ro_cfg.group_size, ro_cfg.temperature
+    value_head = make_value_head(model)
+    params = list(model.parameters()) + list(value_head.parameters())
+    optimizer = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
+    prompt_rng = random.Random(cfg.train.seed)
+    sample_rng = torch.Generator().manual_seed(cfg.train.seed)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 else None
+    metrics: dict[str, Any] = {}
+    with progress() as bar:
+        job = bar.add_task("PPO", total=a.steps, info="")
+        for step in range(a.steps):
+            t0 = time.perf_counter()
+            # 1. roll out G completions for each of B prompts, 2. score them
+            problems = [task.sample(prompt_rng) for _ in range(B)]
+            ro = generate(model, tokenizer, [p.prompt for p in problems for _ in range(G)], ro_cfg.max_new_tokens,
+                          temp, ro_cfg.top_p, generator=sample_rng)
+            t_gen = time.perf_counter() - t0
+            verdicts, extra = _score(task, scorer, [problems[i // G] for i in range(B * G)], ro.texts)
+            scores = torch.tensor([v.score for v in verdicts])  # (N,)
+            batch = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+            mask = ro.completion_mask
+            # 3. KL-shaped per-token rewards, GAE over the rollout-time values, whitened advantages
+            with torch.no_grad():
+                old_lp, old_values, _ = logprobs_and_values(model, value_head, *batch, temp)
+                ref_lp = sequence_logprobs(ref, *batch, temp)[0] if ref is not None else old_lp
+                rewards = kl_penalised_rewards(scores, old_lp, ref_lp, mask, a.kl_coef)  # (N, T)
+                advantages, returns = gae(rewards, old_values, mask, a.gamma, a.lam)
+                if a.whiten_advantages:
+                    advantages = whiten(advantages, mask)
+            # 4. optimise: epochs x minibatches
+            stats: dict[str, list[float]] = {}
+            model.train()
+            for _ in range(a.epochs):
+                for idx in _chunks(B * G, a.minibatches, sample_rng):
+                    mb = [t[idx] for t in batch]
+                    logprobs, values, entropy = logprobs_and_values(model, value_head, *mb, temp)
+                    pg, pg_stats = ppo_policy_loss(logprobs, old_lp[idx], advantages[idx], mask[idx], a.clip)
+                    vl, v_stats = value_loss(values, old_values[idx], returns[idx], mask[idx], a.value_clip)
+                    loss = pg + a.vf_coef * vl
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
+                    optimizer.step()
+                    n_tok = mask[idx].sum().clamp(min=1)
+                    for k, v in {"loss/policy": pg, "loss/value": vl, **pg_stats, **v_stats, "grad_norm": grad_norm,
+                                 "entropy/mean": (entropy * mask[idx]).sum() / n_tok}.items():
+                        stats.setdefault(k, []).append(float(v.detach()))
+            # 5. log
+            dt = time.perf_counter() - t0
+            gen_tokens = int(mask.sum())
+            metrics = {
+                "phase": "rl", "reward/mean": scores.mean().item(), "reward/std": scores.std().item(),
+                "reward/pass_rate": sum(v.passed for v in verdicts) / len(verdicts),
+                "kl/mean": ((old_lp - ref_lp) * mask).sum().item() / max(gen_tokens, 1),
+                **{k: sum(v) / len(v) for k, v in stats.items()},
+                "rollout/len_mean": gen_tokens / (B * G), "rollout/truncated_frac": ro.truncated.float().mean().item(),
+                "perf/step_s": dt, "perf/gen_s": t_gen, "perf/tokens_per_s": gen_tokens / dt, **extra,
+            }
+            sink.log(step + 1, metrics)
+            bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+    ckpt = save_checkpoint(out_dir, model, tokenizer, optimizer, a.steps, prompt_rng, sample_rng,
+                           cfg.model_dump_json(indent=2))
+    torch.save(value_head.state_dict(), ckpt / VALUE_HEAD_FILE)
+    return metrics

@@ -1,0 +1,194 @@
+"""Offline training on preferences: the reward model (Bradley-Terry) and the DPO family.
+
+Both loops read straight down: shuffle, batch, forward, loss from `feedbackrl.algos`, step, log.
+
+- `train_reward_model`: scores chosen and rejected in one forward pass of 2n rows and minimises
+  `bradley_terry_loss`; held-out pairwise accuracy after every epoch; at the end stores the
+  calibration (mean and std of raw scores over the training responses) with the model.
+- `train_dpo`: DPO / IPO on pairs, PRO on rankings (`algo.loss`). Every item is a list of
+  responses best first (a pair is [chosen, rejected]). The reference log-probs are computed once,
+  before the first update, by `reference_logprobs` (by default with the policy itself, which *is*
+  the reference at that point, so no second model is held in memory); epochs reuse them.
+  Gradient accumulation: each optimizer step's `batch_size` items are split into `grad_accum`
+  micro-batches whose mean losses are weighted by their share of the batch, so the gradient
+  equals the full batch's (the losses are means over items).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.algos.preference import PREFERENCE_LOSSES, RANKING_LOSSES
+from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy
+from feedbackrl.config import DPOConfig, RewardModelConfig
+from feedbackrl.data.preferences import PreferencePair, Ranking
+from feedbackrl.log import MetricsSink, progress
+from feedbackrl.models.reward import Calibration, RewardModel, encode_texts, score_texts
+from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
+from feedbackrl.train.offline import encode_completions
+
+Ranked = tuple[str, list[str]]  # (prompt, responses best first)
+
+
+def _batches(n: int, size: int, generator: torch.Generator | None) -> list[Tensor]:
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    return list(order.split(size))
+
+
+def _mean(values: list[dict[str, Tensor]]) -> dict[str, float]:
+    return {k: sum(float(v[k]) for v in values) / len(values) for k in values[0]} if values else {}
+
+
+# --- reward model ----------------------------------------------------------------------------------
+
+
+def pair_scores(model: RewardModel, tokenizer: PreTrainedTokenizerBase, pairs: list[PreferencePair],
+                batch_size: int = 256) -> tuple[Tensor, Tensor]:
+    """(N,) raw scores of the chosen and of the rejected responses (no grad)."""
+    prompts = [p.prompt for p in pairs]
+    scores = score_texts(model, tokenizer, prompts + prompts, [p.chosen for p in pairs] + [p.rejected for p in pairs],
+                         batch_size)
+    return scores[: len(pairs)], scores[len(pairs) :]
+
+
+def heldout_metrics(model: RewardModel, tokenizer: PreTrainedTokenizerBase,
+                    pairs: list[PreferencePair]) -> dict[str, float]:
+    """Pairwise accuracy on the labels and, where rows carry gold scores, agreement with gold.
+
+    `rm/heldout_gold_agreement` counts pairs with different gold scores only: how often the model
+    ranks the gold-better response higher, whatever the noisy label said.
+    """
+    r_c, r_r = pair_scores(model, tokenizer, pairs)
+    out = {"rm/heldout_accuracy": pairwise_accuracy(r_c, r_r).item()}
+    gold = [(i, p.meta["gold_chosen"] - p.meta["gold_rejected"]) for i, p in enumerate(pairs)
+            if "gold_chosen" in p.meta and p.meta["gold_chosen"] != p.meta["gold_rejected"]]
+    if gold:
+        idx = torch.tensor([i for i, _ in gold])
+        sign = torch.tensor([1.0 if d > 0 else -1.0 for _, d in gold])
+        out["rm/heldout_gold_agreement"] = ((r_c[idx] - r_r[idx]) * sign > 0).float().mean().item()
+    return out
+
+
+def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: PreTrainedTokenizerBase,
+                       train: list[PreferencePair], heldout: list[PreferencePair], seed: int,
+                       sink: MetricsSink) -> dict[str, float]:
+    """Bradley-Terry training for `cfg.epochs`; returns the final held-out metrics."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    order_rng = torch.Generator().manual_seed(seed)
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    sink.log(0, {"phase": "rm_eval", **heldout_metrics(model, tokenizer, heldout)})
+    model.train()
+    step = 0
+    with progress() as bar:
+        job = bar.add_task(f"{model.kind} model", total=cfg.epochs * steps_per_epoch, info="")
+        for epoch in range(cfg.epochs):
+            for idx in _batches(len(train), cfg.batch_size, order_rng):
+                batch = [train[i] for i in idx.tolist()]
+                prompts = [p.prompt for p in batch]
+                ids, mask = encode_texts(tokenizer, prompts + prompts,
+                                         [p.chosen for p in batch] + [p.rejected for p in batch])
+                scores = model(ids, mask)  # (2n,)
+                loss, stats = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                step += 1
+                sink.log(step, {"phase": "rm", "loss/rm": loss.item(), **{k: v.item() for k, v in stats.items()},
+                                "grad_norm": float(grad_norm), "epoch": epoch})
+                bar.update(job, advance=1, info=f"loss {loss.item():.3f}")
+            held = heldout_metrics(model, tokenizer, heldout)
+            sink.log(step, {"phase": "rm_eval", "epoch": epoch + 1, **held})
+    prompts = [p.prompt for p in train]
+    raw = score_texts(model, tokenizer, prompts + prompts, [p.chosen for p in train] + [p.rejected for p in train])
+    model.calibration = Calibration(center=raw.mean().item(), scale=max(raw.std().item(), 1e-6))
+    return held
+
+
+# --- DPO family ------------------------------------------------------------------------------------
+
+
+def as_ranked(items: list[PreferencePair] | list[Ranking]) -> list[Ranked]:
+    return [(x.prompt, [x.chosen, x.rejected]) if isinstance(x, PreferencePair) else (x.prompt, list(x.responses))
+            for x in items]
+
+
+def ranked_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                    items: list[Ranked]) -> tuple[Tensor, Tensor]:
+    """Summed response log-probs (n, k) in one forward pass of n*k rows, and the (n, k) mask.
+
+    Rankings shorter than k = the longest are padded with copies of their last response, masked out.
+    """
+    k = max(len(r) for _, r in items)
+    prompts = [p for p, rs in items for _ in range(k)]
+    responses = [rs[min(j, len(rs) - 1)] for _, rs in items for j in range(k)]
+    mask = torch.tensor([[j < len(rs) for j in range(k)] for _, rs in items])
+    p_ids, p_mask = encode_prompts(tokenizer, prompts)
+    c_ids, c_mask = encode_completions(tokenizer, responses)
+    logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    return logprobs.sum(-1).view(len(items), k), mask
+
+
+@torch.no_grad()
+def reference_logprobs(reference: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, items: list[Ranked],
+                       batch_size: int = 256) -> Tensor:
+    """(N, k) summed log-probs of every response under the frozen reference: computed once, up front."""
+    was_training = reference.training
+    reference.eval()
+    out = [ranked_logprobs(reference, tokenizer, items[i : i + batch_size])[0]
+           for i in range(0, len(items), batch_size)]
+    reference.train(was_training)
+    k = max(x.shape[1] for x in out)
+    return torch.cat([torch.nn.functional.pad(x, (0, k - x.shape[1])) for x in out])
+
+
+def preference_loss(cfg: DPOConfig, logprobs: Tensor, ref_logprobs: Tensor,
+                    mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """(n, k) policy and reference log-probs -> the configured loss (mean over items) and stats."""
+    if cfg.loss in RANKING_LOSSES:
+        return RANKING_LOSSES[cfg.loss](logprobs, ref_logprobs, beta=cfg.beta, mask=mask)
+    return PREFERENCE_LOSSES[cfg.loss](logprobs[:, 0], logprobs[:, 1], ref_logprobs[:, 0], ref_logprobs[:, 1],
+                                       beta=cfg.beta)
+
+
+def train_dpo(cfg: DPOConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+              items: list[PreferencePair] | list[Ranking], seed: int, sink: MetricsSink,
+              reference: PreTrainedModel | None = None) -> dict[str, float]:
+    """Train `model` on preferences for `cfg.epochs`; reference defaults to `model` as it is now."""
+    data = as_ranked(items)
+    if cfg.loss not in RANKING_LOSSES and any(len(r) != 2 for _, r in data):
+        raise ValueError(f"algo.loss={cfg.loss!r} needs pairs; got rankings of up to "
+                         f"{max(len(r) for _, r in data)} responses (use algo.loss = 'pro')")
+    ref_lp = reference_logprobs(reference if reference is not None else model, tokenizer, data)  # (N, k)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    order_rng = torch.Generator().manual_seed(seed)
+    steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
+    model.train()
+    step, stats = 0, {}
+    with progress() as bar:
+        job = bar.add_task(cfg.loss.upper(), total=cfg.epochs * steps_per_epoch, info="")
+        for epoch in range(cfg.epochs):
+            for idx in _batches(len(data), cfg.batch_size, order_rng):
+                optimizer.zero_grad(set_to_none=True)
+                micro_stats, total = [], 0.0
+                for micro in idx.tensor_split(cfg.grad_accum):
+                    if len(micro) == 0:
+                        continue
+                    logprobs, mask = ranked_logprobs(model, tokenizer, [data[i] for i in micro.tolist()])
+                    ref = ref_lp[micro][:, : logprobs.shape[1]]
+                    loss, s = preference_loss(cfg, logprobs, ref, mask)
+                    (loss * len(micro) / len(idx)).backward()
+                    total += loss.item() * len(micro) / len(idx)
+                    micro_stats.append(s)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                step += 1
+                stats = {"phase": "dpo", "loss/pref": total, **_mean(micro_stats), "grad_norm": float(grad_norm),
+                         "epoch": epoch}
+                sink.log(step, stats)
+                bar.update(job, advance=1, info=f"loss {total:.3f}")
+    return stats

@@ -1,0 +1,98 @@
+"""Reward models: the scalar is read at the last real token, save/reload gives identical scores,
+and a learned reward source returns verdicts in [0, 1] with the raw score as evidence."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from feedbackrl.models.load import ModelLoadError, load_policy, load_tokenizer
+from feedbackrl.models.reward import (
+    MARKER,
+    Calibration,
+    RewardModel,
+    build_reward_model,
+    encode_texts,
+    load_reward_model,
+    save_reward_model,
+    score_texts,
+)
+from feedbackrl.rewards.learned import LearnedReward
+from feedbackrl.rewards.verdict import Problem
+
+PROMPTS = ["abc=", "hgcaf=", "ab=", "jjjjjjj="]
+RESPONSES = ["cba", "facgh", "abab", ""]
+
+
+@pytest.fixture()
+def reward_model(tiny_model_dir: Path) -> RewardModel:
+    torch.manual_seed(0)
+    rm = build_reward_model(load_policy(str(tiny_model_dir)))
+    with torch.no_grad():  # a head large enough that scores differ visibly between texts
+        rm.head.weight.normal_(0, 1.0)
+    return rm.eval()
+
+
+def test_encode_texts_left_pads_and_ends_every_row_with_eos(tokenizer):
+    ids, mask = encode_texts(tokenizer, PROMPTS, RESPONSES)
+    assert (ids[:, -1] == tokenizer.eos_token_id).all() and (mask[:, -1] == 1).all()
+    assert mask.sum(1).tolist() == [len(p) + len(r) + 1 for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    assert (ids[mask == 0] == tokenizer.pad_token_id).all()
+
+
+def test_score_does_not_depend_on_padding(reward_model, tokenizer):
+    # Scoring a row alone (no padding) or next to a longer one (left padding) gives the same score.
+    alone = score_texts(reward_model, tokenizer, PROMPTS[:1], RESPONSES[:1])
+    batched = score_texts(reward_model, tokenizer, PROMPTS, RESPONSES)
+    torch.testing.assert_close(batched[:1], alone, atol=1e-5, rtol=0)
+    assert batched.unique().numel() == len(PROMPTS)  # the texts really get different scores
+
+
+def test_save_and_reload_give_identical_scores(reward_model, tokenizer, tmp_path):
+    reward_model.kind = "cost"
+    reward_model.calibration = Calibration(center=0.25, scale=2.0)
+    path = save_reward_model(reward_model, tokenizer, tmp_path / "rm")
+    marker = json.loads((path / MARKER).read_text())
+    assert marker["kind"] == "cost" and marker["calibration"] == {"center": 0.25, "scale": 2.0}
+    # the backbone directory is an ordinary HF causal LM
+    assert load_policy(str(path)).config.model_type == "llama"
+    again, tok = load_reward_model(path)
+    assert again.kind == "cost" and again.calibration == Calibration(0.25, 2.0)
+    assert torch.equal(score_texts(again, tok, PROMPTS, RESPONSES), score_texts(reward_model, tokenizer, PROMPTS,
+                                                                                  RESPONSES))
+
+
+def test_loading_a_plain_model_dir_says_what_to_do(tiny_model_dir):
+    with pytest.raises(ModelLoadError, match="not a reward model directory"):
+        load_reward_model(tiny_model_dir)
+
+
+def test_calibration_is_a_sigmoid_of_the_standardised_score(reward_model):
+    # raw 2.25 with center 0.25, scale 2 -> sigmoid(1) = 0.7310586
+    reward_model.calibration = Calibration(0.25, 2.0)
+    assert reward_model.calibrate(torch.tensor([2.25, 0.25])).tolist() == pytest.approx([0.7310586, 0.5], abs=1e-6)
+
+
+def test_learned_reward_verdicts(reward_model, tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    raw = score_texts(reward_model, tok, PROMPTS, RESPONSES)
+    reward_model.calibration = Calibration(center=raw.median().item(), scale=raw.std().item())
+    source = LearnedReward(reward_model, tok)
+    problems = [Problem(p, None, {}) for p in PROMPTS]
+    verdicts = source.batch(problems, RESPONSES)
+    for v, r in zip(verdicts, raw.tolist(), strict=True):
+        assert 0.0 <= v.score <= 1.0
+        assert v.details["raw"] == pytest.approx(r, abs=1e-5) and v.details["kind"] == "reward"
+        assert v.passed == (v.score >= 0.5)
+    assert {v.passed for v in verdicts} == {True, False}
+    # one at a time gives the same verdict as the batch
+    assert source(problems[1], RESPONSES[1]).score == pytest.approx(verdicts[1].score, abs=1e-5)
+    # a cost model passes when the calibrated cost is below one half
+    reward_model.kind = "cost"
+    assert [v.passed for v in source.batch(problems, RESPONSES)] == [not v.passed for v in verdicts]
+
+
+def test_reward_model_rejects_an_unknown_kind(tiny_model_dir):
+    with pytest.raises(ValueError, match="'reward' or 'cost'"):
+        RewardModel(load_policy(str(tiny_model_dir)), kind="value")

@@ -1,0 +1,80 @@
+"""The preference recipes end to end through `feedbackrl train`, at toy sizes: the reward-model
+run writes what the DPO, PPO and RLOO runs start from, and every run reports against the gold."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from feedbackrl.cli import app
+from feedbackrl.log import read_jsonl
+from feedbackrl.models.reward import load_reward_model
+
+RECIPES = Path(__file__).parent.parent / "recipes"
+runner = CliRunner()
+TOY = ["sft.steps=3", "sft.batch_size=8", "sft.warmup_steps=0", "task.heldout_size=8", "prefs.prompts=24",
+       "prefs.heldout_prompts=8", "train.threads=1"]
+ONLINE_TOY = ["algo.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "task.heldout_size=8",
+              "train.threads=1"]
+
+
+def train(recipe: str, out: Path, overrides: list[str]) -> dict:
+    args = ["train", str(RECIPES / recipe), "--out", str(out)]
+    for item in overrides:
+        args += ["--set", item]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("prefs") / "rm"
+    train("reward_model.toml", out, [*TOY, "algo.batch_size=8"])
+    return out
+
+
+def test_reward_model_run_writes_data_model_and_report(rm_run: Path):
+    report = json.loads((rm_run / "report.json").read_text())
+    ceiling = report["prefs"]["heldout_ceiling"]
+    assert 0.5 <= ceiling["expected"] <= 1 and report["prefs"]["train_items"] > 0
+    assert 0 <= report["reward_model"]["rm/heldout_accuracy"] <= 1
+    model, _ = load_reward_model(rm_run / "reward_model")
+    assert model.kind == "reward" and model.calibration.scale > 0
+    assert (rm_run / "sft_policy" / "config.json").is_file() and (rm_run / "curves.png").is_file()
+    assert {r["phase"] for r in read_jsonl(rm_run / "metrics.jsonl")} == {"sft", "rm", "rm_eval"}
+
+
+@pytest.mark.parametrize("recipe", ["rloo.toml", "ppo.toml"])
+def test_online_recipes_run_against_the_learned_reward(rm_run: Path, tmp_path: Path, recipe: str):
+    report = train(recipe, tmp_path / "run", [*ONLINE_TOY, f"model.path={rm_run / 'sft_policy'}",
+                                              f"reward.model={rm_run / 'reward_model'}"])
+    assert report["reward"] == str(rm_run / "reward_model")
+    assert 0 <= report["gold_vs_sft"]["win_rate"] <= 1
+    rl = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r.get("phase") == "rl"]
+    assert [r["step"] for r in rl] == [1, 2] and all("reward/gold_mean" in r for r in rl)
+
+
+def test_dpo_recipe_from_the_reward_model_runs_pairs(rm_run: Path, tmp_path: Path):
+    report = train("dpo.toml", tmp_path / "dpo", ["task.heldout_size=8", "train.threads=1", "algo.batch_size=8",
+                                                  f"model.path={rm_run / 'sft_policy'}",
+                                                  f"prefs.path={rm_run / 'prefs' / 'train.jsonl'}"])
+    assert report["prefs"]["source"].endswith("train.jsonl") and report["prefs"]["heldout_items"] == 0
+    assert (tmp_path / "dpo" / "policy" / "config.json").is_file()
+    assert 0 <= report["gold_vs_sft"]["win_rate"] <= 1
+
+
+def test_pro_ranks_its_own_samples(rm_run: Path, tmp_path: Path):
+    report = train("dpo.toml", tmp_path / "pro", ["task.heldout_size=8", "train.threads=1", "algo.batch_size=8",
+                                                  "algo.loss=pro", "prefs.responses=3", "prefs.path=''",
+                                                  "prefs.prompts=16", f"model.path={rm_run / 'sft_policy'}"])
+    rows = [json.loads(x) for x in (tmp_path / "pro" / "prefs" / "train.jsonl").read_text().splitlines()]
+    assert rows and all(len(r["responses"]) == len(set(r["responses"])) == len(r["gold"]) == 3 for r in rows)
+    assert report["prefs"]["train_items"] == len(rows)
+
+
+def test_resume_is_refused_for_preference_algorithms(tmp_path: Path):
+    result = runner.invoke(app, ["train", str(RECIPES / "dpo.toml"), "--out", str(tmp_path / "o"), "--resume",
+                                 str(tmp_path), "--set", "train.threads=1"])
+    assert result.exit_code == 2 and "--resume works for grpo and rloo" in result.output
