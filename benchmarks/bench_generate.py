@@ -1,0 +1,113 @@
+"""Workers for the machine's limits and for raw generation speed; run by benchmarks/run.py.
+
+    python benchmarks/bench_generate.py matmul --threads 2 [--quick]
+    python benchmarks/bench_generate.py generate --model DIR --threads 2 --new-tokens 128 --repeats 3
+
+Each prints one line `BENCH_RESULT {json}`. `generate` loads one model and alternates HF
+`model.generate` with feedbackrl's `generate` call by call in the same process, so both see the
+same machine load: batch 64, 12-token prompts, sampling at temperature 1, top_p 1, top_k 0 (HF),
+EOS suppressed (`min_new_tokens`) so every call makes exactly batch x new tokens, as the
+baseline's `worker_gen`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from common import RESULT_TAG, emit, flops_per_token, gen_prompts, load_average, peak_rss_mib, setup_threads, summarize
+
+
+def mm_gflops(n: int, dtype: torch.dtype, min_time: float, repeats: int) -> dict:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    t = time.perf_counter()
+    torch.mm(a, b)
+    iters = max(1, int(min_time / max(time.perf_counter() - t, 1e-6)))
+    vals = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(iters):
+            torch.mm(a, b)
+        vals.append(2 * n**3 * iters / (time.perf_counter() - t) / 1e9)
+    return summarize(vals)
+
+
+def run_matmul(args: argparse.Namespace) -> dict:
+    """torch.mm GFLOP/s on n x n matrices: the compute bound every '% of bound' figure divides by."""
+    min_time, repeats = (0.25, 2) if args.quick else (0.5, 3)
+    sizes = [(1024, torch.float32), (2048, torch.float32), (1024, torch.bfloat16)]
+    if not args.quick:
+        sizes.insert(2, (4096, torch.float32))
+    rows = [{"n": n, "dtype": str(dt).removeprefix("torch."), "gflops": mm_gflops(n, dt, min_time, repeats)}
+            for n, dt in sizes]
+    best = {dt: max(r["gflops"]["median"] for r in rows if r["dtype"] == dt) for dt in ("float32", "bfloat16")}
+    return {"mm": rows, "best_fp32_gflops": best["float32"], "best_bf16_gflops": best["bfloat16"]}
+
+
+def _timed(fn: Callable[[], int]) -> float:
+    t = time.perf_counter()
+    tokens = fn()
+    return tokens / (time.perf_counter() - t)
+
+
+def run_generate(args: argparse.Namespace) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from feedbackrl.rollout.generate import generate
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    prompts, new = gen_prompts(args.batch), args.new_tokens
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    assert enc["input_ids"].shape[1] == 12, enc["input_ids"].shape
+    gc = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_p=1.0,
+                          top_k=0, use_cache=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    gen = torch.Generator().manual_seed(0)
+
+    def hf() -> int:
+        out = model.generate(**enc, generation_config=gc)
+        assert out.shape[1] - 12 == new
+        return args.batch * new
+
+    def ours() -> int:
+        ro = generate(model, tok, prompts, new, generator=gen, min_new_tokens=new)
+        assert int(ro.completion_mask.sum()) == args.batch * new
+        return args.batch * new
+
+    fns = {"hf": hf, "feedbackrl": ours}
+    for fn in fns.values():  # warm-up
+        fn()
+    vals: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(args.repeats):  # alternate, and alternate who goes first
+        for k in list(fns)[:: 1 if r % 2 == 0 else -1]:
+            vals[k].append(_timed(fns[k]))
+    fpt = flops_per_token(Path(args.model))
+    return {"batch": args.batch, "prompt_len": 12, "new_tokens": new, "flops_per_token": fpt,
+            "tokens_per_s": {k: summarize(v) for k, v in vals.items()},
+            "ratio_per_repeat": [a / b for a, b in zip(vals["feedbackrl"], vals["hf"], strict=True)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("part", choices=["matmul", "generate"])
+    ap.add_argument("--model", default="")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    setup_threads(args.threads)
+    load = load_average()
+    res = run_matmul(args) if args.part == "matmul" else run_generate(args)
+    emit(RESULT_TAG, {**res, "threads": args.threads, "load_before": load, "load_after": load_average(),
+                      "peak_rss_mib": peak_rss_mib()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Shared pieces of the speed benchmarks: the models, the GRPO toy task, FLOP counts, worker plumbing.
+
+Everything here mirrors ../shared/baselines/trl-cpu (bench_trl.py, make_tiny_model.py) so that
+feedbackrl and TRL see the same models, tokenizer, prompts, reward and hyperparameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from feedbackrl.rewards.verdict import Problem, Verdict
+
+RESULT_TAG = "BENCH_RESULT "  # a worker's last stdout line: this tag, then its JSON result
+STEP_TAG = "BENCH_STEP "  # lock-step GRPO workers: one line per finished step
+
+
+def summarize(xs: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs), "values": xs}
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def setup_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def ensure_model(root: Path, size: str) -> Path:
+    """The baseline's random Llama (seed 0) and char tokenizer, built once under `root`."""
+    from feedbackrl.models.tiny import make_tiny
+
+    out = root / size
+    if not (out / "config.json").exists():
+        make_tiny(out, size=size, seed=0)
+    return out
+
+
+def flops_per_token(model_dir: Path) -> float:
+    """Forward FLOPs per token, 2 x matmul parameters; the tied lm_head counts once (as the baseline)."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_dir)
+    d, f, layers, v = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+    kv = c.num_key_value_heads * (d // c.num_attention_heads)
+    per_layer = d * d * 2 + d * kv * 2 + 3 * d * f + 2 * d  # q, o, k, v, mlp, two norms
+    non_embedding = layers * per_layer + d  # + the final norm
+    return 2.0 * (non_embedding + v * d)
+
+
+def gen_prompts(n: int, seed: int = 0) -> list[str]:
+    """12-character (= 12-token) prompts such as '123+456+789=': no padding (baseline's make_gen_prompts)."""
+    rng = random.Random(seed)
+    return [f"{rng.randint(100, 999)}+{rng.randint(100, 999)}+{rng.randint(100, 999)}=" for _ in range(n)]
+
+
+@dataclass
+class SumTask:
+    """The baseline's GRPO task: 'a+b=' with a, b in 10..99; reward 1 if the completion starts with a+b.
+
+    Same prompt distribution and reward as bench_trl.py's `make_grpo_dataset` and `sum_reward`.
+    """
+
+    name: str = "bench_sum"
+
+    def sample(self, rng: random.Random) -> Problem:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        return Problem(prompt=f"{a}+{b}=", answer=str(a + b))
+
+    def heldout(self, n: int) -> list[Problem]:
+        return [self.sample(random.Random(10_000 + i)) for i in range(n)]
+
+    def verify(self, problem: Problem, completion: str) -> Verdict:
+        ok = completion.strip().startswith(problem.answer)
+        return Verdict(1.0 if ok else 0.0, ok, "starts with the sum" if ok else "does not start with the sum")
+
+
+def sum_dataset(n: int, seed: int = 0) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    return [{"prompt": p.prompt, "answer": p.answer} for p in (SumTask().sample(rng) for _ in range(n))]
+
+
+def sum_reward(completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+    """TRL reward function identical to SumTask.verify (and to the baseline's sum_reward)."""
+    return [1.0 if c.strip().startswith(a) else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+
+def emit(tag: str, payload: dict[str, Any]) -> None:
+    sys.stdout.write(tag + json.dumps(payload) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,131 @@
+"""The fast decode path (`_LlamaDecoder`) against the generic one (the model's own forward + DynamicCache).
+
+Both must pick the same tokens and report the same log-probs up to float32 rounding: the fast path
+only reorganises the work (static cache, fused matmuls), it never changes the maths.
+"""
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from feedbackrl.rollout import generate as gen_mod
+from feedbackrl.rollout.generate import _fast_path_ok, _sample, generate, sequence_logprobs
+
+PROMPTS = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!"]  # different lengths: left padding
+
+
+@pytest.fixture(scope="module")
+def peaked_qwen(tokenizer):
+    """A tiny Qwen2 with grouped-query attention (4 query heads, 2 KV heads) and q/k/v biases."""
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 or name.endswith(".bias"):
+                p.normal_(0.0, 0.3, generator=gen)
+    return model.eval()
+
+
+def generic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gen_mod, "_fast_path_ok", lambda model: False)
+
+
+@pytest.mark.parametrize("model_name", ["peaked_lm", "peaked_qwen"])
+def test_fast_path_samples_what_the_generic_path_samples(model_name, tokenizer, request, monkeypatch):
+    model = request.getfixturevalue(model_name)
+    assert _fast_path_ok(model)
+    fast = generate(model, tokenizer, PROMPTS * 4, 10, temperature=0.8, generator=torch.Generator().manual_seed(3))
+    generic(monkeypatch)
+    slow = generate(model, tokenizer, PROMPTS * 4, 10, temperature=0.8, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(fast.completion_ids, slow.completion_ids)
+    torch.testing.assert_close(fast.logprobs, slow.logprobs, rtol=0, atol=1e-4)
+    assert fast.texts == slow.texts
+
+
+@pytest.mark.parametrize("model_name", ["peaked_lm", "peaked_qwen"])
+def test_fast_path_greedy_equals_hf_generate(model_name, tokenizer, request):
+    model = request.getfixturevalue(model_name)
+    enc = tokenizer(PROMPTS, padding=True, add_special_tokens=False, return_tensors="pt")
+    expected = model.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    expected = expected[:, enc["input_ids"].shape[1]:]
+    ro = generate(model, tokenizer, PROMPTS, 8, greedy=True)
+    assert len(set(map(tuple, expected.tolist()))) == len(PROMPTS), "degenerate model: identical outputs"
+    assert torch.equal(ro.completion_ids, expected[:, : ro.completion_ids.shape[1]])
+
+
+def test_prompts_without_padding_skip_the_mask_and_agree(peaked_lm, tokenizer, monkeypatch):
+    # Equal-length prompts take the no-mask branch (causal prefill, unmasked decode).
+    prompts = ["12+34=", "56+78=", "90+12="] * 3
+    fast = generate(peaked_lm, tokenizer, prompts, 8, generator=torch.Generator().manual_seed(0))
+    generic(monkeypatch)
+    slow = generate(peaked_lm, tokenizer, prompts, 8, generator=torch.Generator().manual_seed(0))
+    assert (fast.prompt_mask == 1).all()
+    assert torch.equal(fast.completion_ids, slow.completion_ids)
+    torch.testing.assert_close(fast.logprobs, slow.logprobs, rtol=0, atol=1e-4)
+
+
+def test_min_new_tokens_suppresses_eos_but_reports_unbanned_logprobs(peaked_lm, tokenizer):
+    # Temperature 5 over 82 tokens: without the ban, some of 64 rows would sample EOS within 6 steps
+    # (test_masks_stop_after_eos relies on this). Log-probs stay those of the unbanned distribution,
+    # i.e. what a training forward computes.
+    eos = tokenizer.eos_token_id
+    ro = generate(peaked_lm, tokenizer, ["1+1="] * 64, 6, temperature=5.0, min_new_tokens=6,
+                  generator=torch.Generator().manual_seed(1))
+    assert not (ro.completion_ids == eos).any() and ro.completion_mask.all() and ro.truncated.all()
+    with torch.no_grad():
+        lp, _ = sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
+                                  temperature=5.0)
+    torch.testing.assert_close(ro.logprobs, lp, rtol=0, atol=1e-4)
+
+
+def test_min_new_tokens_only_bans_the_first_steps(peaked_lm, tokenizer):
+    ro = generate(peaked_lm, tokenizer, ["1+1="] * 64, 8, temperature=5.0, min_new_tokens=2,
+                  generator=torch.Generator().manual_seed(1))
+    ended = ro.completion_ids == tokenizer.eos_token_id
+    assert not ended[:, :2].any() and ended.any()
+
+
+def test_fast_path_only_for_unmodified_float32_llama_family(peaked_lm):
+    assert _fast_path_ok(peaked_lm)
+    handle = peaked_lm.model.layers[0].mlp.up_proj.register_forward_hook(lambda *a: None)
+    try:
+        assert not _fast_path_ok(peaked_lm), "a hook (e.g. an adapter) changes the maths"
+    finally:
+        handle.remove()
+    try:
+        assert not _fast_path_ok(peaked_lm.double()), "HF's RMSNorm runs in float32 even for float64 models"
+    finally:
+        peaked_lm.float()
+
+
+def test_sample_never_picks_zero_probability_tokens_and_matches_frequencies():
+    # Row 0: tokens 0 and 3 have probability 0 (first and last, the CDF's edges); row 1: one-hot on
+    # token 2. 20,000 draws of row 0: frequencies within 4 standard errors of (0, 0.2, 0.8, 0).
+    probs = torch.tensor([[0.0, 0.2, 0.8, 0.0], [0.0, 0.0, 1.0, 0.0]]).repeat(10_000, 1)
+    picks = _sample(probs, torch.Generator().manual_seed(0)).view(10_000, 2)
+    assert (picks[:, 1] == 2).all()
+    counts = torch.bincount(picks[:, 0], minlength=4)
+    assert counts[0] == 0 and counts[3] == 0
+    se = (0.2 * 0.8 / 10_000) ** 0.5
+    assert abs(counts[1].item() / 10_000 - 0.2) < 4 * se, counts
+
+
+def test_sequence_logprobs_ignore_completion_padding(peaked_lm, tokenizer):
+    # Rows stop at EOS; tokens after it are padding. Masking only the prompt must give the real tokens
+    # the same log-probs as masking the completion padding too (causal attention never looks right).
+    ro = generate(peaked_lm, tokenizer, PROMPTS * 8, 8, temperature=5.0, generator=torch.Generator().manual_seed(1))
+    assert (ro.completion_mask == 0).any(), "need padded completions"
+    ids = torch.cat([ro.prompt_ids, ro.completion_ids], dim=1)
+    mask = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1)
+    p = ro.prompt_ids.shape[1]
+    with torch.no_grad():
+        logits = peaked_lm(input_ids=ids, attention_mask=mask, position_ids=gen_mod.positions(mask)).logits
+        want = torch.log_softmax(logits[:, p - 1 : -1] / 5.0, -1).gather(-1, ro.completion_ids[..., None])[..., 0]
+        got, _ = sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
+                                   temperature=5.0)
+    torch.testing.assert_close(got, want * ro.completion_mask, rtol=0, atol=1e-5)
