@@ -54,17 +54,27 @@ def run_eval(model: Any, tokenizer: Any, task: Task, cfg: RunConfig) -> EvalResu
                     temperature=cfg.rollout.temperature, batch_size=cfg.eval.batch_size)
 
 
-def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
-    """Run the recipe into `out_dir`; with `resume`, continue RL from a checkpoint (SFT is not redone)."""
-    if cfg.algo.name not in ("grpo", "rloo") or cfg.reward.model:
-        return run_preference(cfg, out_dir, resume)
-    t_start = time.perf_counter()
+def start_run(cfg: RunConfig, out_dir: str | Path) -> Path:
+    """What every run does first: quiet HF bars, make the out dir, set threads, print and save the config."""
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     set_threads(cfg.train.threads)
     console.print_json(cfg.model_dump_json())
     (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    return out_dir
+
+
+def _eval_metrics(result: dict[str, Any], k: int) -> dict[str, Any]:
+    return {"phase": "eval", "eval/accuracy": result["accuracy"], f"eval/pass@{k}": result[f"pass@{k}"]}
+
+
+def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
+    """Run the recipe into `out_dir`; with `resume`, continue RL from a checkpoint (SFT is not redone)."""
+    if cfg.algo.name not in ("grpo", "rloo") or cfg.reward.model:
+        return run_preference(cfg, out_dir, resume)
+    t_start = time.perf_counter()
+    out_dir = start_run(cfg, out_dir)
     task = make_task(cfg.task)
     ckpt = resolve_resume(resume) if resume is not None else None
     sink = make_sink(cfg, out_dir)
@@ -82,8 +92,7 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
                 sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
             before = run_eval(model, tokenizer, task, cfg).to_dict()
             (out_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
-            sink.log(0, {"phase": "eval", "eval/accuracy": before["accuracy"],
-                         f"eval/pass@{cfg.eval.pass_k}": before[f"pass@{cfg.eval.pass_k}"]})
+            sink.log(0, _eval_metrics(before, cfg.eval.pass_k))
 
         def on_eval(step: int) -> dict[str, Any]:
             r = run_eval(model, tokenizer, task, cfg)
@@ -93,8 +102,7 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
         train_grpo(cfg, model, tokenizer, task, out_dir, sink, resume_from=ckpt, on_eval=on_eval)
         rl_seconds = time.perf_counter() - t_rl
         after = run_eval(model, tokenizer, task, cfg).to_dict()
-        sink.log(cfg.algo.steps, {"phase": "eval", "eval/accuracy": after["accuracy"],
-                                  f"eval/pass@{cfg.eval.pass_k}": after[f"pass@{cfg.eval.pass_k}"]})
+        sink.log(cfg.algo.steps, _eval_metrics(after, cfg.eval.pass_k))
     finally:
         sink.close()
     report = {"task": cfg.task.name, "algo": cfg.algo.name, "steps": cfg.algo.steps, "eval_before": before,
@@ -111,12 +119,7 @@ def run_preference(cfg: RunConfig, out_dir: str | Path, resume: str | Path | Non
     if resume is not None:
         raise CheckpointError(f"--resume works for grpo and rloo against the task's verifier only, not "
                               f"algo.name={cfg.algo.name!r} with reward.model={cfg.reward.model!r}")
-    hf_logging.disable_progress_bar()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    set_threads(cfg.train.threads)
-    console.print_json(cfg.model_dump_json())
-    (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    out_dir = start_run(cfg, out_dir)
     sink = make_sink(cfg, out_dir)
     try:
         model, tokenizer = load_or_build(cfg, out_dir)
