@@ -120,6 +120,8 @@ class RewardConfig(Section):
 
 class PrefsConfig(Section):
     path: str = Field("", description='JSONL/Parquet pairs or rankings; "" = sample the policy, simulated labeller')
+    db: str = Field("", description='labelling database URL (sqlite:///labels.db, postgresql://...) to read pairs from')
+    project: str = Field("", description="the labelling project whose labels prefs.db pairs come from")
     prompts: int = Field(2000, ge=1, description="training prompts to sample and label")
     heldout_prompts: int = Field(400, ge=1, description="held-out prompts labelled for evaluation")
     responses: int = Field(2, ge=2, le=16, description="responses per prompt: 2 = pairs, more = rankings (loss pro)")
@@ -172,6 +174,12 @@ class RunConfig(Section):
         if a.name == "dpo" and (a.loss == "pro") != (self.prefs.responses > 2):
             need = "> 2 (rankings)" if a.loss == "pro" else "= 2 (pairs)"
             raise ValueError(f"algo.loss={a.loss!r} needs prefs.responses {need}; got {self.prefs.responses}")
+        p = self.prefs
+        if bool(p.db) != bool(p.project) or (p.db and p.path):
+            raise ValueError(f"prefs.db and prefs.project go together, instead of prefs.path; got db={p.db!r}, "
+                             f"project={p.project!r}, path={p.path!r}")
+        if p.db and p.responses != 2:
+            raise ValueError(f"prefs.db gives pairs: prefs.responses must be 2, got {p.responses}")
         if a.name == "reward_model" and self.prefs.responses != 2:
             raise ValueError(f"the reward model trains on pairs: prefs.responses must be 2, got {self.prefs.responses}")
         if self.reward.model and a.name not in ONLINE_ALGOS:

@@ -12,6 +12,7 @@ preference and are left out of pairs and rankings (the "labels" format keeps eve
 - labels:   one row per label, raw: choice, ranking, reason, labeller, the item's texts.
 
 `labelled_pairs` is the seam for an online reward-model loop: call it for the current pairs.
+`read_pairs` opens a database by URL for `feedbackrl train` (`prefs.db` + `prefs.project`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,22 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import inspect, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
-from feedbackrl.feedback.store import Item, Label, Labeller, Project
+from feedbackrl.feedback.labels import queue_status
+from feedbackrl.feedback.store import (
+    FeedbackError,
+    Item,
+    Label,
+    Labeller,
+    Project,
+    get_project,
+    make_engine,
+    normalize_url,
+)
 
 Format = Literal["pairs", "rankings", "labels"]
 FORMATS = ("pairs", "rankings", "labels")
@@ -104,3 +117,49 @@ def write_jsonl(rows: list[dict[str, Any]], out: Path) -> None:
     with out.open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def display_url(db: str) -> str:
+    """The database URL as it is safe to print and log: any password masked."""
+    try:
+        return make_url(normalize_url(db)).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return db
+
+
+def read_pairs(db: str, project: str) -> list[dict[str, Any]]:
+    """All preference pairs of `project` in the labelling database `db`, oldest label first.
+
+    For `feedbackrl train` with `prefs.db`: nothing is migrated or created (a SQLite file that does
+    not exist is an error, not a new empty database). Raises FeedbackError naming the problem: a
+    malformed URL, a missing file, a database that cannot be reached or holds no labelling schema,
+    an unknown project (listing the ones there are), or a project without a single preference yet.
+    """
+    shown = display_url(db)
+    try:
+        url = make_url(normalize_url(db))
+    except (ArgumentError, ValueError) as e:
+        raise FeedbackError(f"prefs.db {db!r} is not a database URL ({e}); use sqlite:///path/labels.db "
+                            "or postgresql://user@host/db") from None
+    if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
+        raise FeedbackError(f"prefs.db {shown}: no SQLite file at {url.database!r}")
+    try:
+        engine = make_engine(db)
+    except (ArgumentError, NoSuchModuleError) as e:
+        raise FeedbackError(f"prefs.db {shown}: {e}") from None
+    try:
+        with Session(engine) as s:
+            if not inspect(s.connection()).has_table("labels"):
+                raise FeedbackError(f"prefs.db {shown} is not a labelling database (no labels table); "
+                                    "make one with `feedbackrl label create-project --db ...`")
+            p = get_project(s, project)
+            rows = labelled_pairs(s, p)
+            if not rows:
+                status = queue_status(s, p)
+                raise FeedbackError(f"project {project!r} in {shown} has no preference pairs yet ({status['items']} "
+                                    f"items, {status['labels']} active labels, none stating a preference)")
+            return rows
+    except OperationalError as e:
+        raise FeedbackError(f"cannot read prefs.db {shown}: {e.orig}") from None
+    finally:
+        engine.dispose()

@@ -2,8 +2,9 @@
 start, then one of
 
 - `reward_model`: sample response pairs from the policy, label them with the simulated labeller
-  (or read `prefs.path`), train a reward (or cost) model, report its held-out pairwise accuracy
-  next to the ceiling the labeller's noise allows;
+  (or read `prefs.path`, or a labelling project's pairs with `prefs.db` + `prefs.project`), train
+  a reward (or cost) model, report its held-out pairwise accuracy next to the ceiling the
+  labeller's noise allows;
 - `dpo` (DPO / IPO / PRO): the same data, direct preference optimisation of the policy;
 - `ppo`, `rloo`, `grpo` with `reward.model` set: online RL against the learned reward model
   (the verifier when `reward.model` is empty, for ppo); the gold reward of every training batch
@@ -71,12 +72,13 @@ def preference_data(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTraine
     p, k = cfg.prefs, cfg.prefs.responses
     load = load_rankings if k > 2 else load_preference_pairs
     held: list[Any] = []
-    if p.path:
-        train, dropped = load(p.path, on_bad_row="drop")
+    if p.path or p.db:
+        source, shown = (p.path, p.path) if p.path else _database_pairs(p.db, p.project)
+        train, dropped = load(source, on_bad_row="drop")
         if heldout:
             n_held = min(p.heldout_prompts, len(train) // 5)
             train, held = train[: len(train) - n_held], train[len(train) - n_held :]
-        info: dict[str, Any] = {"source": p.path, "dropped_rows": [str(x) for x in dropped[:5]]}
+        info: dict[str, Any] = {"source": shown, "dropped_rows": [str(x) for x in dropped[:5]]}
     else:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(cfg.train.seed + 1)
@@ -102,6 +104,22 @@ def preference_data(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTraine
     if held and k == 2:
         info["heldout_ceiling"] = label_ceiling([x.meta for x in held])
     return train, held, info
+
+
+def _database_pairs(db: str, project: str) -> tuple[list[dict[str, Any]], str]:
+    """`prefs.db`: (the project's pairs from the labelling database, a printable source name).
+
+    Needs the feedback extra; imported here because core code never imports `feedback`."""
+    try:
+        from feedbackrl.feedback.export import display_url, read_pairs
+        from feedbackrl.feedback.store import FeedbackError
+    except ImportError as e:
+        raise ConfigError(f"prefs.db needs the feedback extra ({e.name} is missing): pip install -e '.[feedback]'"
+                          ) from None
+    try:
+        return read_pairs(db, project), f"project {project!r} in {display_url(db)}"
+    except FeedbackError as e:
+        raise ConfigError(str(e)) from None
 
 
 # --- scoring and the gold comparison ---------------------------------------------------------------
