@@ -1,0 +1,436 @@
+"""The online reward-model loop: the policy proposes, a labeller judges over HTTP, the reward model
+retrains, and the next items are chosen where the reward model is least sure.
+
+`feedbackrl label online RECIPE --out OUT` runs it (recipe: `recipes/online_rm.toml`). It lives
+under `label`, not `train`, because it serves the labelling app: it needs the feedback extra, and
+core code never imports `feedback`.
+
+One run:
+
+1. Serve the labelling app (uvicorn on 127.0.0.1, in this process) on `online.db`
+   (default OUT/labels.db). The operator's admin token is made directly in the database (as
+   `feedbackrl label admin-token` does); everything after goes over HTTP: the project, the
+   labeller and their invitation, items, status, export.
+2. A simulated labeller (hidden gold score, Bradley-Terry noise; `data/labeller.py`) works
+   through its own token in a background thread: `GET /next`, then `POST /labels`, like a person
+   at the page. It knows each prompt's gold answer, and nothing the loop computes.
+3. Rounds: sample `online.pool` x `retrain_every` prompts with up to `online.candidates` distinct
+   responses each from the policy, score every candidate with the current reward model, choose
+   `retrain_every` pairs (`online.selection`, below), post them as items, wait until the labeller
+   has labelled them, fetch the new pairs (`GET /export?since_id=` the last label id seen),
+   retrain the reward model from the policy on *all* pairs so far, and log the held-out pairwise
+   accuracy on a fixed held-out set (and agreement with gold) against the number of labels.
+
+Selection (`algos/pair_selection.py`): `random` takes random prompts and a random pair of their
+candidates. `active` takes the prompts whose least certain pair (|P(a > b) - 0.5| smallest under
+the current reward model) is least certain. `mixed` takes half of each round at random and half
+actively. The first round is always random: an untrained reward model has nothing to say.
+
+OUT after a run: config.json, labels.db, metrics.jsonl (one row per round: labels, accuracy,
+gold agreement, seconds), report.json.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import tomllib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import torch
+from pydantic import Field, ValidationError, model_validator
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.algos.pair_selection import least_certain, random_pairs, uncertain_pairs
+from feedbackrl.config import (
+    ConfigError,
+    ModelConfig,
+    RewardModelConfig,
+    RolloutConfig,
+    Section,
+    SFTConfig,
+    TaskConfig,
+    TrainConfig,
+    _format_validation_error,
+    apply_overrides,
+)
+from feedbackrl.data.labeller import Labeller, gold_score_for, label_ceiling, label_rows, sample_candidates
+from feedbackrl.data.preferences import PreferencePair, load_preference_pairs
+from feedbackrl.envs.base import Task
+from feedbackrl.log import MetricsSink, read_jsonl
+from feedbackrl.models.reward import RewardModel, build_reward_model, score_texts
+from feedbackrl.rewards.verdict import Problem
+from feedbackrl.train.preference import heldout_metrics, train_reward_model
+
+Pairs = list[dict[str, Any]]
+HELDOUT_SEED = 12345  # the held-out pairs are the same for every seed and selection rule
+POLL_S = 0.05  # seconds between status polls (the loop) and between empty-queue checks (the labeller)
+
+
+class OnlineConfig(Section):
+    selection: Literal["active", "random", "mixed"] = Field(
+        "active", description="how pairs are chosen: least certain under the reward model, random, or half each")
+    labels: int = Field(600, ge=1, description="label budget: the run stops after this many labels")
+    retrain_every: int = Field(100, ge=1, description="N: labels per round; the reward model retrains after each")
+    candidates: int = Field(4, ge=2, le=16, description="K: distinct responses sampled per prompt")
+    pool: int = Field(4, ge=1, le=64, description="prompts sampled per label wanted (active keeps the least sure)")
+    heldout_prompts: int = Field(1000, ge=1, description="held-out prompts, one pair each, labelled once")
+    temperature: float = Field(0.05, ge=0, description="labeller noise: P(a > b) = sigmoid((gold_a - gold_b) / T)")
+    db: str = Field("", description='labelling database URL or SQLite path; "" = OUT/labels.db')
+    wait_s: float = Field(600, gt=0, description="how long to wait for a round's labels before giving up")
+
+
+class OnlineRunConfig(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> OnlineRunConfig:
+        if self.algo.kind != "reward":
+            raise ValueError("algo.kind must be 'reward': the online loop learns what the labeller prefers")
+        return self
+
+
+def load_online_config(path: str | Path | None = None, overrides: list[str] | None = None) -> OnlineRunConfig:
+    """A TOML recipe (or the defaults) plus dotted overrides -> validated config; ConfigError otherwise."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"recipe {str(path)!r} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {e}") from None
+        source = str(path)
+    data = apply_overrides(data, overrides or [])
+    if isinstance(data.get("algo"), dict):
+        data["algo"] = {"name": "reward_model", **data["algo"]}
+    try:
+        return OnlineRunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+
+
+# --- HTTP clients ----------------------------------------------------------------------------------
+
+
+class AdminApi:
+    """The loop's side of the app, over HTTP with the admin token."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        self.project = 0
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        r = self.http.request(method, path, **kwargs)
+        if r.status_code >= 400:
+            raise RuntimeError(f"{method} {path} answered {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def setup(self, project: str, labeller: str) -> str:
+        """Create the pairwise project and the labeller, invite them; -> the labeller's token."""
+        self.project = self.call("POST", "/api/projects", json={"name": project, "kind": "pairwise"})["id"]
+        token = self.call("POST", "/api/labellers", json={"name": labeller})["token"]
+        self.call("POST", f"/api/projects/{self.project}/members", json={"labeller": labeller})
+        return token
+
+    def add_items(self, rows: list[dict[str, Any]]) -> list[int]:
+        return self.call("POST", f"/api/projects/{self.project}/items", json={"items": rows})["item_ids"]
+
+    def status(self) -> dict[str, int]:
+        return self.call("GET", f"/api/projects/{self.project}/status")
+
+    def pairs_since(self, since_id: int) -> Pairs:
+        return self.call("GET", f"/api/projects/{self.project}/export", params={"since_id": since_id})
+
+    def wait_for_labels(self, target: int, wait_s: float, check: Callable[[], None] = lambda: None) -> None:
+        """Block until the project has `target` active labels (a skip counts: it answers an item).
+        `check` runs between polls and may raise (a labeller thread that died)."""
+        deadline = time.monotonic() + wait_s
+        while (have := self.status()["labels"]) < target:
+            check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {wait_s:.0f} s for {target} labels, have {have} (online.wait_s)")
+            time.sleep(POLL_S)
+
+
+class HttpLabeller(threading.Thread):
+    """The simulated labeller as an HTTP client: fetch the next item, choose, submit; until stopped.
+
+    `problems` maps a prompt to its problem (the labeller knows the gold answer; the loop adds an
+    entry before posting an item)."""
+
+    def __init__(self, url: str, token: str, project: int, labeller: Labeller, problems: dict[str, Problem]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.token, self.project = url, token, project
+        self.labeller, self.problems = labeller, problems
+        self.stop = threading.Event()
+        self.submitted = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60) as c:
+                while not self.stop.is_set():
+                    item = c.get(f"/api/projects/{self.project}/next").raise_for_status().json()["item"]
+                    if item is None:
+                        self.stop.wait(POLL_S)
+                        continue
+                    a, b = item["responses"]
+                    chosen, _ = self.labeller.choose(self.problems[item["prompt"]], a, b)
+                    body = {"submission_id": uuid.uuid4().hex, "item_id": item["id"],
+                            "choice": "a" if chosen == a else "b"}
+                    c.post(f"/api/projects/{self.project}/labels", json=body).raise_for_status()
+                    self.submitted += 1
+        except BaseException as e:  # surfaced by `check`: the loop would otherwise wait forever
+            self.error = e
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the simulated labeller failed: {self.error!r}") from self.error
+
+
+# --- the loop --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    """What one round asks the labeller: item rows, and the problems behind their prompts."""
+
+    rows: list[dict[str, Any]]
+    problems: list[Problem]
+
+
+Propose = Callable[[int, int], Round]  # (round index, pairs wanted) -> items to post
+Retrain = Callable[[Pairs], dict[str, float]]  # all pairs so far -> held-out metrics
+
+
+def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: Propose, retrain: Retrain,
+                labels: int, every: int, wait_s: float, sink: MetricsSink,
+                check: Callable[[], None] = lambda: None) -> Pairs:
+    """Rounds of propose -> post -> wait for the labels -> fetch the new pairs -> retrain -> log.
+
+    Each round asks for `min(every, labels left)` pairs; the loop ends when `labels` items have
+    been answered, or when a round can propose nothing. Returns every pair fetched, each label
+    once (the cursor is the highest label id seen; the export returns only newer labels)."""
+    pairs: Pairs = []
+    cursor, answered, t0 = 0, 0, time.perf_counter()
+    sink.log(0, {"phase": "online", "labels": 0, **retrain(pairs), "seconds": 0.0})
+    r = 0
+    while answered < labels:
+        r += 1
+        batch = propose(r, min(every, labels - answered))
+        if not batch.rows:
+            break
+        labeller_problems.update({p.prompt: p for p in batch.problems})
+        api.add_items(batch.rows)
+        answered += len(batch.rows)
+        api.wait_for_labels(answered, wait_s, check)
+        new = api.pairs_since(cursor)
+        ids = [row["label_id"] for row in new]
+        if any(i <= cursor for i in ids) or len(set(ids)) != len(ids):
+            raise RuntimeError(f"export since label {cursor} returned old or repeated labels: {ids[:10]}")
+        cursor = max(ids, default=cursor)
+        pairs += new
+        metrics = retrain(pairs)
+        sink.log(r, {"phase": "online", "labels": len(pairs), "answered": answered, "new_pairs": len(new),
+                     **metrics, "seconds": time.perf_counter() - t0})
+    return pairs
+
+
+# --- proposing and retraining ----------------------------------------------------------------------
+
+
+def candidate_scores(rm: RewardModel | None, tokenizer: PreTrainedTokenizerBase, problems: list[Problem],
+                     candidates: list[list[str]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, K) raw scores of every candidate (zeros without a reward model) and the (B, K) mask."""
+    mask = torch.tensor([[j < len(c) for j in range(k)] for c in candidates])
+    scores = torch.zeros(len(candidates), k)
+    if rm is not None:
+        flat = [(p.prompt, c[j]) for p, c in zip(problems, candidates, strict=True) for j in range(len(c))]
+        raw = score_texts(rm, tokenizer, [x for x, _ in flat], [y for _, y in flat]) if flat else torch.zeros(0)
+        scores[mask] = raw
+    return scores, mask
+
+
+def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: int,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (prompt indices (m,), pairs (m, 2)), m <= n, by the rule `selection` (see the module docstring)."""
+    usable = torch.nonzero(mask.sum(1) >= 2).squeeze(1)
+    shuffled = usable[torch.randperm(len(usable), generator=generator)]
+    rand_pairs = random_pairs(mask, generator)
+    if selection == "random":
+        chosen = shuffled[:n]
+        return chosen, rand_pairs[chosen]
+    act_pairs, certainty = uncertain_pairs(scores, mask)
+    n_active = n if selection == "active" else n // 2
+    active = least_certain(certainty, n_active)
+    rest = shuffled[~torch.isin(shuffled, active)][: n - len(active)]
+    chosen = torch.cat([active, rest])
+    pairs = torch.cat([act_pairs[active], rand_pairs[rest]])
+    return chosen, pairs
+
+
+def make_proposer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+                  current_rm: Callable[[], RewardModel | None]) -> Propose:
+    o, seed = cfg.online, cfg.train.seed
+    prompt_rng, gen = random.Random(seed + 2), torch.Generator().manual_seed(seed + 1)
+    pick_gen = torch.Generator().manual_seed(seed + 4)
+
+    def propose(round_index: int, n: int) -> Round:
+        problems = [task.sample(prompt_rng) for _ in range(o.pool * n)]
+        cands = sample_candidates(policy, tokenizer, problems, o.candidates, cfg.rollout.max_new_tokens,
+                                  cfg.rollout.temperature, gen)
+        rm = current_rm() if round_index > 1 else None
+        scores, mask = candidate_scores(rm, tokenizer, problems, cands, o.candidates)
+        rule = o.selection if round_index > 1 else "random"
+        chosen, pairs = choose_pairs(rule, scores, mask, n, pick_gen)
+        rows, picked = [], []
+        for b, (i, j) in zip(chosen.tolist(), pairs.tolist(), strict=True):
+            p = torch.sigmoid(scores[b, i] - scores[b, j]).item()
+            rows.append({"prompt": problems[b].prompt, "responses": [cands[b][i], cands[b][j]],
+                         "round": round_index, "selection": rule, "rm_p_first": p})
+            picked.append(problems[b])
+        return Round(rows, picked)
+
+    return propose
+
+
+def heldout_pairs(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                  task: Task) -> list[PreferencePair]:
+    """One labelled pair per held-out prompt with two distinct samples, fixed across seeds and rules."""
+    problems = task.heldout(cfg.online.heldout_prompts)
+    gen = torch.Generator().manual_seed(HELDOUT_SEED)
+    cands = sample_candidates(policy, tokenizer, problems, 2, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
+    labeller = Labeller(gold_score_for(task), cfg.online.temperature, seed=HELDOUT_SEED)
+    return load_preference_pairs(label_rows(labeller, problems, cands, 2))[0]
+
+
+def with_gold(rows: Pairs, problems: dict[str, Problem], task: Task) -> list[PreferencePair]:
+    """Exported pairs -> PreferencePairs with the gold columns (for measuring only, never training)."""
+    gold = gold_score_for(task)
+    out = []
+    for row in rows:
+        problem = problems[row["prompt"]]
+        out.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"],
+                                  {**row, "gold_chosen": gold(problem, row["chosen"]),
+                                   "gold_rejected": gold(problem, row["rejected"])}))
+    return out
+
+
+def label_gold_stats(pairs: list[PreferencePair]) -> dict[str, float]:
+    """How informative the labels so far are: the share that agree with gold, and of gold ties."""
+    if not pairs:
+        return {}
+    ceiling = label_ceiling([{**p.meta, "p_chosen": 0.5} for p in pairs])
+    ties = sum(p.meta["gold_chosen"] == p.meta["gold_rejected"] for p in pairs) / len(pairs)
+    return {"labels/gold_agreement": ceiling["realised"], "labels/gold_ties": ties}
+
+
+def summarise(rows: list[dict[str, Any]], thresholds: tuple[float, ...]) -> dict[str, Any]:
+    """Labels needed to first reach each held-out accuracy (None if never), and the final numbers.
+
+    Only trained models count (labels > 0): an untrained head can be right by chance."""
+    out: dict[str, Any] = {"final_labels": rows[-1]["labels"], "final_accuracy": rows[-1]["rm/heldout_accuracy"],
+                           "final_gold_agreement": rows[-1].get("rm/heldout_gold_agreement")}
+    trained = [r for r in rows if r["labels"] > 0]
+    for x in thresholds:
+        out[f"labels_to_{x:.2f}"] = next((r["labels"] for r in trained if r["rm/heldout_accuracy"] >= x), None)
+    return out
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+ACCURACY_MARKS = (0.60, 0.65, 0.70)  # labels-to-reach is reported for these held-out accuracies
+
+
+class _NullSink:
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+                   heldout: list[PreferencePair], problems: dict[str, Problem]) -> tuple[Retrain, Callable[[], Any]]:
+    """-> (retrain: all pairs so far -> metrics, current: the latest reward model or None).
+
+    Each retrain starts again from the policy (the InstructGPT initialisation) with the same seed,
+    so a round's model depends only on the pairs, not on the path that led to them."""
+    state: dict[str, RewardModel | None] = {"rm": None}
+
+    def retrain(rows: Pairs) -> dict[str, float]:
+        torch.manual_seed(cfg.train.seed)
+        rm = build_reward_model(policy)
+        pairs = with_gold(rows, problems, task)
+        if not pairs:
+            return heldout_metrics(rm, tokenizer, heldout)
+        held = train_reward_model(cfg.algo, rm, tokenizer, pairs, heldout, cfg.train.seed, _NullSink())
+        state["rm"] = rm
+        return {**held, **label_gold_stats(pairs)}
+
+    return retrain, lambda: state["rm"]
+
+
+def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[str, Any]:
+    """The whole run (see the module docstring) -> the report (also written to OUT/report.json)."""
+    from feedbackrl.envs.registry import make_task
+    from feedbackrl.feedback.app import create_app
+    from feedbackrl.feedback.server import LiveServer
+    from feedbackrl.feedback.store import create_labeller, open_db
+    from feedbackrl.train.offline import sft_warmstart
+    from feedbackrl.train.pipeline import load_or_build
+
+    t0 = time.perf_counter()
+    task = make_task(cfg.task)
+    policy, tokenizer = load_or_build(cfg, out_dir)  # type: ignore[arg-type]
+    if cfg.sft.steps:
+        sft_warmstart(policy, tokenizer, task, cfg.sft, cfg.train.seed, sink)
+    policy.eval()
+    heldout = heldout_pairs(cfg, policy, tokenizer, task)
+    ceiling = label_ceiling([p.meta for p in heldout])
+    sessions = open_db(cfg.online.db or str(out_dir / "labels.db"))
+    with sessions() as s:  # the operator's token, as `feedbackrl label admin-token` makes it
+        admin = create_labeller(s, f"online-admin-{uuid.uuid4().hex[:8]}", is_admin=True)[1]
+        s.commit()
+    problems: dict[str, Problem] = {}
+    retrain, current = make_retrainer(cfg, policy, tokenizer, task, heldout, problems)
+    propose = make_proposer(cfg, policy, tokenizer, task, current)
+    labeller = Labeller(gold_score_for(task), cfg.online.temperature, seed=cfg.train.seed + 3)
+    with LiveServer(create_app(sessions=sessions)) as server:
+        api = AdminApi(server.url, admin)
+        token = api.setup(f"online-{cfg.online.selection}-{uuid.uuid4().hex[:8]}", f"sim-{uuid.uuid4().hex[:8]}")
+        worker = HttpLabeller(server.url, token, api.project, labeller, problems)
+        worker.start()
+        try:
+            pairs = online_loop(api, problems, propose, retrain, cfg.online.labels, cfg.online.retrain_every,
+                                cfg.online.wait_s, sink, worker.check)
+        finally:
+            worker.stop.set()
+            worker.join(timeout=10)
+            api.http.close()
+    sessions.kw["bind"].dispose()
+    rows = [r for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("phase") == "online"]
+    report = {"selection": cfg.online.selection, "seed": cfg.train.seed, "project_id": api.project,
+              "labels": len(pairs), "heldout_pairs": len(heldout), "heldout_ceiling": ceiling,
+              "labeller_submitted": worker.submitted, **summarise(rows, ACCURACY_MARKS),
+              "curve": [[r["labels"], r["rm/heldout_accuracy"]] for r in rows],
+              "wall_seconds": time.perf_counter() - t0}
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report

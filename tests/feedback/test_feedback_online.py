@@ -1,0 +1,136 @@
+"""The online reward-model loop: pair choice by rule, the label/retrain bookkeeping over real HTTP
+(every N labels, each label counted once), and a short end-to-end run with a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import torch
+from sqlalchemy import select
+
+from feedbackrl.data.labeller import Labeller
+from feedbackrl.feedback.app import create_app
+from feedbackrl.feedback.online import (
+    AdminApi,
+    HttpLabeller,
+    Round,
+    choose_pairs,
+    load_online_config,
+    online_loop,
+    run_online,
+    summarise,
+)
+from feedbackrl.feedback.server import LiveServer
+from feedbackrl.feedback.store import Label, create_labeller, open_db
+from feedbackrl.log import JsonlSink, read_jsonl
+from feedbackrl.rewards.verdict import Problem
+
+# Four prompts, K = 3. Least certain pairs: prompt 0 (0, 1) |diff| 0.5; prompt 1 none (one
+# candidate); prompt 2 (1, 2) |diff| 0.1; prompt 3 (0, 2) |diff| 2.0.
+SCORES = torch.tensor([[0.0, 0.5, 3.0], [1.0, 0.0, 0.0], [5.0, 1.0, 1.1], [0.0, 9.0, 2.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
+
+
+def test_active_takes_the_least_certain_prompts_in_order():
+    chosen, pairs = choose_pairs("active", SCORES, MASK, 2, torch.Generator().manual_seed(0))
+    assert chosen.tolist() == [2, 0] and pairs.tolist() == [[1, 2], [0, 1]]
+
+
+def test_random_and_mixed_never_take_a_prompt_without_a_pair_or_twice():
+    for seed in range(20):
+        chosen, _ = choose_pairs("random", SCORES, MASK, 3, torch.Generator().manual_seed(seed))
+        assert sorted(chosen.tolist()) == [0, 2, 3]  # all usable prompts, prompt 1 never
+        chosen, pairs = choose_pairs("mixed", SCORES, MASK, 2, torch.Generator().manual_seed(seed))
+        assert chosen[0].item() == 2 and pairs[0].tolist() == [1, 2]  # n // 2 = 1 active: the least certain
+        assert chosen[1].item() in (0, 3)  # then a random other usable prompt
+
+
+def test_summary_counts_labels_to_reach_each_accuracy():
+    rows = [{"labels": 0, "rm/heldout_accuracy": 0.7}, {"labels": 100, "rm/heldout_accuracy": 0.58},
+            {"labels": 200, "rm/heldout_accuracy": 0.63}, {"labels": 300, "rm/heldout_accuracy": 0.61}]
+    out = summarise(rows, (0.60, 0.65))
+    # an untrained model that is right by chance does not count: labels > 0 only
+    assert out == {"final_labels": 300, "final_accuracy": 0.61, "final_gold_agreement": None,
+                   "labels_to_0.60": 200, "labels_to_0.65": None}
+
+
+def reverse_gold(problem: Problem, completion: str) -> float:
+    return float(completion == problem.answer)
+
+
+def test_loop_retrains_every_n_labels_and_counts_each_label_once(sessions, tmp_path):
+    """25 labels, N = 10: rounds of 10, 10 and 5; retrain sees 0, 10, 20, 25 pairs, and the
+    pairs are exactly the database's labels, each once. Noise-free labeller: always the reversal."""
+    with sessions() as s:
+        admin = create_labeller(s, "admin", is_admin=True)[1]
+        s.commit()
+    seen: list[list[int]] = []
+
+    def propose(r: int, n: int) -> Round:
+        words = [f"w{r}x{i}" for i in range(n)]
+        problems = [Problem(f"{w}=", w[::-1]) for w in words]
+        rows = [{"prompt": p.prompt, "responses": [p.prompt[:-1], p.answer]} for p in problems]
+        return Round(rows, problems)
+
+    def retrain(pairs: list[dict]) -> dict[str, float]:
+        seen.append([p["label_id"] for p in pairs])
+        return {"rm/heldout_accuracy": 0.5}
+
+    problems: dict[str, Problem] = {}
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    with LiveServer(create_app(sessions=sessions)) as server:
+        api = AdminApi(server.url, admin)
+        token = api.setup("online", "sim")
+        worker = HttpLabeller(server.url, token, api.project, Labeller(reverse_gold, 0.0), problems)
+        worker.start()
+        try:
+            pairs = online_loop(api, problems, propose, retrain, 25, 10, 60, sink, worker.check)
+        finally:
+            worker.stop.set()
+            worker.join(timeout=10)
+    sink.close()
+    assert [len(x) for x in seen] == [0, 10, 20, 25]
+    assert all(seen[i] == seen[i + 1][: len(seen[i])] for i in range(3))  # each round only adds
+    with sessions() as s:
+        db_ids = s.scalars(select(Label.id).order_by(Label.id)).all()
+    assert [p["label_id"] for p in pairs] == db_ids == seen[-1] and len(set(db_ids)) == 25
+    assert worker.submitted == 25 and all(p["chosen"] == p["prompt"][:-1][::-1] for p in pairs)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["labels"], r.get("new_pairs")) for r in rows] == [
+        (0, 0, None), (1, 10, 10), (2, 20, 10), (3, 25, 5)]
+
+
+def test_labeller_errors_stop_the_loop_instead_of_hanging(sessions, tmp_path):
+    with sessions() as s:
+        admin = create_labeller(s, "admin", is_admin=True)[1]
+        s.commit()
+    with LiveServer(create_app(sessions=sessions)) as server:
+        api = AdminApi(server.url, admin)
+        api.setup("online", "sim")
+        worker = HttpLabeller(server.url, "wrong-token", api.project, Labeller(reverse_gold, 0.0), {})
+        worker.start()
+        worker.join(timeout=10)
+        assert isinstance(worker.error, httpx.HTTPStatusError) and worker.error.response.status_code == 401
+        with pytest.raises(RuntimeError, match="the simulated labeller failed"):
+            online_loop(api, {}, lambda r, n: Round([{"prompt": "ab=", "responses": ["ba", "ab"]}],
+                                                    [Problem("ab=", "ba")]),
+                        lambda pairs: {"rm/heldout_accuracy": 0.5}, 1, 1, 30, JsonlSink(tmp_path / "m.jsonl"),
+                        worker.check)
+
+
+def test_online_run_end_to_end_over_http(tiny_model_dir, tmp_path):
+    cfg = load_online_config(None, [
+        f"model.path={json.dumps(str(tiny_model_dir))}", "task.name=reverse", "rollout.max_new_tokens=6",
+        "algo.epochs=1", "algo.batch_size=4", "online.labels=12", "online.retrain_every=6",
+        "online.heldout_prompts=16", "online.pool=2", "train.threads=1"])
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    report = run_online(cfg, tmp_path, sink)
+    sink.close()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["labels"] for r in rows] == [0, 6, 12] and report["labels"] == report["labeller_submitted"] == 12
+    assert all(0 <= r["rm/heldout_accuracy"] <= 1 for r in rows) and report["heldout_pairs"] > 0
+    with open_db(str(tmp_path / "labels.db"))() as s:
+        labels = s.scalars(select(Label)).all()
+    assert len(labels) == 12 and len({x.item_id for x in labels}) == 12
