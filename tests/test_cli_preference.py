@@ -46,6 +46,25 @@ def test_reward_model_run_writes_data_model_and_report(rm_run: Path):
     assert {r["phase"] for r in read_jsonl(rm_run / "metrics.jsonl")} == {"sft", "rm", "rm_eval"}
 
 
+def test_cost_model_recipe_trains_on_safety_labels(tmp_path: Path):
+    report = train("cost_model.toml", tmp_path / "cost", [*TOY, "algo.batch_size=8"])
+    rows = [json.loads(x) for x in (tmp_path / "cost" / "prefs" / "train.jsonl").read_text().splitlines()]
+    assert rows and report["kind"] == "cost"
+    for r in rows:  # chosen = the costlier response; cost = number of "a"s; unsafe = cost > 0
+        assert r["gold_chosen"] == r["chosen"].strip().count("a") and r["chosen_unsafe"] == (r["gold_chosen"] > 0)
+        assert r["p_chosen"] >= 0.5 or r["gold_chosen"] < r["gold_rejected"]
+    assert 0 <= report["reward_model"]["rm/heldout_safety_accuracy"] <= 1
+    model, _ = load_reward_model(tmp_path / "cost" / "reward_model")
+    assert model.kind == "cost" and model.calibration.center == 0.0
+
+
+def test_cost_model_on_a_task_without_a_harm_rule_says_what_to_do(tmp_path: Path):
+    result = runner.invoke(app, ["train", str(RECIPES / "cost_model.toml"), "--out", str(tmp_path / "c"),
+                                 "--set", "task.name=addition", "--set", "task.options={}", "--set", "train.threads=1",
+                                 "--set", "sft.steps=0"])
+    assert result.exit_code != 0 and "no cost rule for task 'addition'" in result.output, result.output
+
+
 @pytest.mark.parametrize("recipe", ["rloo.toml", "ppo.toml"])
 def test_online_recipes_run_against_the_learned_reward(rm_run: Path, tmp_path: Path, recipe: str):
     report = train(recipe, tmp_path / "run", [*ONLINE_TOY, f"model.path={rm_run / 'sft_policy'}",

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy
+from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy, safety_cost_loss
 
 
 def test_bradley_terry_hand_computed():
@@ -50,3 +50,31 @@ def test_bradley_terry_rejects_mismatched_shapes():
         bradley_terry_loss(torch.zeros(3), torch.zeros(2))
     with pytest.raises(ValueError, match="margin"):
         bradley_terry_loss(torch.zeros(3), torch.zeros(3), margin=torch.zeros(2))
+
+
+def test_safety_cost_loss_hand_computed():
+    # Pairwise term on costlier - safer: d = [1 - -1, 0 - 0] = [2, 0] -> (0.126928 + 0.693147) / 2 = 0.410038.
+    # Classification term, s = +1 unsafe / -1 safe, -log sigmoid(s * c) per response, summed per pair:
+    #   pair 0: costlier c = 1 unsafe -> -log sigmoid(1) = 0.313262; safer c = -1 safe -> -log sigmoid(1) = 0.313262
+    #   pair 1: both c = 0, safe -> -log sigmoid(0) = 0.693147 each
+    #   mean over pairs = (0.626523 + 1.386294) / 2 = 1.006409. Total 0.410038 + 1.006409 = 1.416446.
+    costlier = torch.tensor([1.0, 0.0], requires_grad=True)
+    safer = torch.tensor([-1.0, 0.0])
+    loss, stats = safety_cost_loss(costlier, safer, torch.tensor([True, False]), torch.tensor([False, False]))
+    assert loss.item() == pytest.approx(1.416446, abs=1e-6)
+    assert stats["loss/rm_pairwise"].item() == pytest.approx(0.410038, abs=1e-6)
+    assert stats["loss/rm_safety"].item() == pytest.approx(1.006409, abs=1e-6)
+    # s * c = [1, 0, 1, 0]: two on the right side, two on the boundary (1/2 each) -> 3/4
+    assert stats["rm/safety_accuracy"].item() == pytest.approx(0.75)
+    assert stats["rm/accuracy"].item() == pytest.approx(0.75)  # pair 0 right, pair 1 a tie
+    # d/dc_w of pair 1: pairwise -(1 - sigmoid(0)) / 2 = -0.25; classification s = -1:
+    # d/dc [-log sigmoid(-c)] / 2 = sigmoid(0) / 2 = 0.25 -> 0. Pair 0: -(1 - sigmoid(2)) / 2 = -0.059601
+    # and -(1 - sigmoid(1)) / 2 = -0.134471 -> -0.194072.
+    loss.backward()
+    assert costlier.grad.tolist() == pytest.approx([-0.194072, 0.0], abs=1e-6)
+
+
+def test_safety_cost_loss_rejects_mismatched_labels():
+    with pytest.raises(ValueError, match="safety labels"):
+        flags = torch.zeros(2, dtype=torch.bool)
+        safety_cost_loss(torch.zeros(3), torch.zeros(3), flags, flags)

@@ -10,10 +10,12 @@ import torch
 from feedbackrl.data.labeller import (
     Labeller,
     choice_probability,
+    gold_cost_for,
     gold_score_for,
     label_ceiling,
     label_rows,
     reverse_gold,
+    reverse_harm,
     sample_candidates,
     write_jsonl,
 )
@@ -129,6 +131,39 @@ def test_rows_load_with_the_preference_loaders(tmp_path):
     loaded, _ = load_rankings(write_jsonl(ranks, tmp_path / "ranks.jsonl"))
     assert [r.responses[0] for r in loaded] == [problems[0].answer, problems[2].answer]  # T = 0: gold order
     assert all(r.meta["gold"] == sorted(r.meta["gold"], reverse=True) for r in loaded)
+
+
+@pytest.mark.parametrize("completion, expected", [
+    pytest.param("edcba", 1.0, id="one-a"),
+    pytest.param(" aab\n", 2.0, id="two-a-surrounding-space"),
+    pytest.param("bcd", 0.0, id="safe"),
+    pytest.param("A", 0.0, id="upper-case-is-another-letter"),
+    pytest.param("", 0.0, id="empty"),
+])
+def test_reverse_harm_counts_the_letter_a(completion, expected):
+    assert reverse_harm(WORD, completion) == expected
+
+
+def test_gold_cost_exists_for_reverse_only():
+    assert gold_cost_for(ReverseTask()) is reverse_harm
+    with pytest.raises(ValueError, match="no cost rule for task 'addition'.*prefs.path"):
+        gold_cost_for(AdditionTask(digits=1))
+
+
+def test_safety_labeller_rows_put_the_costlier_first_with_safe_unsafe_labels(tmp_path):
+    # "edcba" (1 a), "aedcba" (2 a), "edcb" (0 a): noise-free, the costlier one is `chosen`
+    problems = [WORD, WORD, WORD]
+    cands = [["edcb", "edcba"], ["aedcba", "edcba"], ["edcb", "bcde"]]
+    labeller = Labeller(reverse_harm, temperature=0.0, seed=0, kind="cost")
+    rows = label_rows(labeller, problems, cands, k=2)
+    assert [(r["chosen"], r["rejected"]) for r in rows[:2]] == [("edcba", "edcb"), ("aedcba", "edcba")]
+    assert [(r["chosen_unsafe"], r["rejected_unsafe"]) for r in rows] == [(True, False), (True, True),
+                                                                          (False, False)]
+    assert rows[2]["p_chosen"] == 0.5  # equal cost: a coin flip, as for rewards
+    loaded, dropped = load_preference_pairs(write_jsonl(rows, tmp_path / "cost.jsonl"))
+    assert not dropped and loaded[0].meta["chosen_unsafe"] is True
+    with pytest.raises(ValueError, match="kind"):
+        Labeller(reverse_harm, kind="harm")
 
 
 def test_sample_candidates_are_distinct_and_non_empty(peaked_lm, tokenizer):

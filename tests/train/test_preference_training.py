@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from feedbackrl.config import DPOConfig, RewardModelConfig, build_config
-from feedbackrl.data.labeller import reverse_gold
+from feedbackrl.data.labeller import Labeller, label_rows, reverse_gold, reverse_harm
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.reward import build_reward_model, save_reward_model
+from feedbackrl.rewards.learned import LearnedReward
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
 from feedbackrl.train import preference
@@ -115,6 +116,43 @@ def test_short_reward_model_training_beats_chance_on_heldout_pairs(tiny_model_di
     after = preference.train_reward_model(cfg, rm, tok, train, held, seed=0, sink=Rows())["rm/heldout_accuracy"]
     assert after >= 0.8, f"held-out pairwise accuracy {before:.3f} -> {after:.3f} after 32 steps; want >= 0.8"
     assert rm.calibration.scale > 0
+
+
+def cost_pairs(n: int, seed: int = 0, heldout: bool = False) -> list[PreferencePair]:
+    """Safety-labelled pairs from the noise-free safety labeller: a response with an "a" (the
+    reverse task's harm rule) against the same length without one, in random order."""
+    task, rng = ReverseTask(), random.Random(seed)
+    problems = task.heldout(n) if heldout else [task.sample(rng) for _ in range(n)]
+    labeller = Labeller(reverse_harm, temperature=0.0, seed=seed, kind="cost")
+    cands = []
+    for p in problems:
+        safe = "".join(rng.choice("bcdefghij") for _ in range(len(p.answer)))
+        unsafe = list(safe)
+        unsafe[rng.randrange(len(unsafe))] = "a"
+        cands.append([safe, "".join(unsafe)] if rng.random() < 0.5 else ["".join(unsafe), safe])
+    rows = label_rows(labeller, problems, cands, k=2)
+    return [PreferencePair(r["prompt"], r["chosen"], r["rejected"], r) for r in rows]
+
+
+def test_short_cost_model_training_beats_chance_and_learns_the_safe_side(tiny_model_dir):
+    torch.manual_seed(0)
+    model = build_reward_model(load_policy(str(tiny_model_dir)), kind="cost")
+    tok = load_tokenizer(str(tiny_model_dir))
+    train, held = cost_pairs(512), cost_pairs(128, heldout=True)
+    before = preference.heldout_metrics(model, tok, held)
+    cfg = RewardModelConfig(kind="cost", epochs=1, batch_size=16, lr=1e-3)
+    rows = Rows()
+    after = preference.train_reward_model(cfg, model, tok, train, held, seed=0, sink=rows)
+    assert "loss/rm_safety" in rows.rows[1][1]  # the safety-labelled pairs train with the Safe RLHF loss
+    for key in ("rm/heldout_accuracy", "rm/heldout_safety_accuracy"):
+        assert after[key] >= 0.8, f"{key} {before[key]:.3f} -> {after[key]:.3f} after 32 steps; want >= 0.8"
+    assert model.calibration.center == 0.0  # the loss puts the safe/unsafe boundary at cost 0
+    # as a reward source: the score is the calibrated cost, `passed` means predicted safe
+    source = LearnedReward(model, tok)
+    problems = [ReverseTask._problem(p.prompt[:-1]) for p in held[:32]]
+    verdicts = source.batch(problems, [p.rejected for p in held[:32]])  # the safe response of each pair
+    assert source.name == "learned_cost" and all(0 < v.score < 1 for v in verdicts)
+    assert sum(v.passed for v in verdicts) >= 24, [v.reason for v in verdicts]
 
 
 def test_logprobs_and_values_match_sequence_logprobs(peaked_lm, tokenizer):

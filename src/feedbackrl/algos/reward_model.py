@@ -8,6 +8,11 @@ Stiennon et al. 2020 ("Learning to summarize", eq. 1) and Ouyang et al. 2022 (In
 `margin` is Llama 2's variant (Touvron et al. 2023, eq. 2): -log sigmoid(r_c - r_r - m(r)) with a
 per-pair margin that is larger when annotators said the chosen response is much better.
 
+`safety_cost_loss` is Safe RLHF's cost-model loss (Dai et al. 2023, "Safe RLHF", section 3.2): the same pairwise term
+on (costlier, safer) pairs plus a classification term per response, -log sigmoid(s * c) with
+s = +1 for a response labelled unsafe and -1 for a safe one, which pins the cost's zero to the
+safe/unsafe boundary (a pairwise loss alone fixes only differences).
+
 Departures: InstructGPT puts all C(K, 2) comparisons from one prompt in the same batch and
 divides by C(K, 2); here every row is one pair and the loss is the plain mean over rows, so the
 caller decides how pairs are batched.
@@ -53,3 +58,28 @@ def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor,
             "rm/rejected_mean": rejected_rewards.float().mean(),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def safety_cost_loss(costlier: Tensor, safer: Tensor, costlier_unsafe: Tensor,
+                     safer_unsafe: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """Safe RLHF's cost-model loss. costlier, safer: (N,) raw costs of the response labelled more
+    harmful and the other; costlier_unsafe, safer_unsafe: (N,) bool, the per-response safety labels.
+
+    loss = mean[-log sigmoid(c_w - c_l)] + mean[-log sigmoid(s_w c_w) - log sigmoid(s_l c_l)],
+    s = +1 unsafe, -1 safe. Stats: the pairwise ones of `bradley_terry_loss` (`rm/accuracy` is how
+    often the costlier response costs more) and `rm/safety_accuracy`, the share of the 2N responses
+    on the labelled side of zero (a zero cost counts one half).
+    """
+    pair_loss, stats = bradley_terry_loss(costlier, safer)
+    costs = torch.cat([costlier, safer]).float()  # (2N,)
+    signs = torch.cat([costlier_unsafe, safer_unsafe]).float() * 2 - 1  # (2N,) +1 unsafe, -1 safe
+    if signs.shape != costs.shape:
+        raise ValueError(f"safety labels must be (N,) like the costs {tuple(costlier.shape)}; got "
+                         f"{tuple(costlier_unsafe.shape)} and {tuple(safer_unsafe.shape)}")
+    class_loss = -F.logsigmoid(signs * costs).sum() / len(costlier)
+    with torch.no_grad():
+        margin = signs * costs
+        stats["rm/safety_accuracy"] = ((margin > 0).float() + 0.5 * (margin == 0).float()).mean()
+        stats["loss/rm_pairwise"] = pair_loss.detach()
+        stats["loss/rm_safety"] = class_loss.detach()
+    return pair_loss + class_loss, stats

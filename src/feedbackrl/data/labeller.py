@@ -23,6 +23,13 @@ reduce to the same Bradley-Terry choice for k = 2.
 
 The best any model of the labels can do on a pair is to predict the gold-better response, right
 with probability max(p, 1 - p); `label_ceiling` averages that over a set of pairs.
+
+Safety labeller (`Labeller(kind="cost")`, for cost models): the hidden score is a gold *cost*
+(`reverse_harm`: every letter "a" in the response is one unit of harm, so the exact reversal of a
+word with an "a" is unsafe, a real conflict with the gold reward). Shown two responses it says
+which is more harmful, with the same Bradley-Terry noise on the costs (the `chosen` column holds
+the costlier response, as in Safe RLHF, Dai et al. 2023), and labels each response safe or
+unsafe (cost > 0), without noise.
 """
 
 from __future__ import annotations
@@ -60,10 +67,28 @@ def reverse_gold(problem: Problem, completion: str) -> float:
 
 GOLD_SCORES: dict[str, GoldScore] = {"reverse": reverse_gold}
 
+HARM_LETTER = "a"  # in every reverse alphabet; 37% of the SFT policy's responses contain one
+
+
+def reverse_harm(problem: Problem, completion: str) -> float:
+    """The reverse task's hidden cost: how many times the response contains `HARM_LETTER`."""
+    return float(completion.strip().count(HARM_LETTER))
+
+
+GOLD_COSTS: dict[str, GoldScore] = {"reverse": reverse_harm}
+
 
 def gold_score_for(task: Task) -> GoldScore:
     """The task's own gold function, else its verifier's score (binary for most verifiers)."""
     return GOLD_SCORES.get(task.name, lambda problem, completion: task.verify(problem, completion).score)
+
+
+def gold_cost_for(task: Task) -> GoldScore:
+    """The task's hidden harm rule for the safety labeller; only some tasks have one."""
+    if task.name not in GOLD_COSTS:
+        raise ValueError(f"the simulated safety labeller has no cost rule for task {task.name!r} (it has "
+                         f"{sorted(GOLD_COSTS)}); label cost pairs yourself and give them in prefs.path")
+    return GOLD_COSTS[task.name]
 
 
 def choice_probability(gold_a: float, gold_b: float, temperature: float) -> float:
@@ -76,14 +101,21 @@ def choice_probability(gold_a: float, gold_b: float, temperature: float) -> floa
 
 @dataclass
 class Labeller:
-    """Hidden gold score + noisy choices, with its own seeded random stream."""
+    """Hidden gold score + noisy choices, with its own seeded random stream.
+
+    kind "cost": `gold` is a gold cost, the choice picks the more harmful response, and pair rows
+    also carry per-response safety labels (unsafe = cost > 0).
+    """
 
     gold: GoldScore
     temperature: float = 0.1
     seed: int = 0
+    kind: str = "reward"
     rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.kind not in ("reward", "cost"):
+            raise ValueError(f"labeller kind must be 'reward' or 'cost', got {self.kind!r}")
         if self.temperature < 0:
             raise ValueError(f"labeller temperature must be >= 0 (0 = noise-free), got {self.temperature}")
         self.rng = random.Random(self.seed)
@@ -139,7 +171,8 @@ def label_rows(labeller: Labeller, problems: list[Problem], candidates: list[lis
     """Rows in data/preferences.py's formats, with the gold evidence as extra columns.
 
     k = 2: {prompt, chosen, rejected, gold_chosen, gold_rejected, p_chosen}, where p_chosen is the
-    probability the labeller had of choosing `chosen` (so label_ceiling needs no labeller).
+    probability the labeller had of choosing `chosen` (so label_ceiling needs no labeller); a cost
+    labeller's rows (chosen = costlier, gold = cost) add the safety labels chosen_unsafe, rejected_unsafe.
     k > 2: {prompt, responses (best first), gold}. Problems with fewer than k candidates are skipped.
     """
     rows = []
@@ -151,6 +184,8 @@ def label_rows(labeller: Labeller, problems: list[Problem], candidates: list[lis
             g_c, g_r = labeller.gold(problem, chosen), labeller.gold(problem, rejected)
             rows.append({"prompt": problem.prompt, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c,
                          "gold_rejected": g_r, "p_chosen": choice_probability(g_c, g_r, labeller.temperature)})
+            if labeller.kind == "cost":
+                rows[-1].update(chosen_unsafe=g_c > 0, rejected_unsafe=g_r > 0)
         else:
             ranked = labeller.rank(problem, cands[:k])
             rows.append({"prompt": problem.prompt, "responses": ranked,

@@ -3,7 +3,9 @@
 The score is the model's calibrated output sigmoid((raw - center) / scale) in (0, 1), with the
 center and scale stored with the model (see `models/reward.py`); `details` carry the raw score.
 For a reward model `passed` means "better than a typical training response" (score >= 0.5); for
-a cost model the score is the calibrated cost and `passed` means score < 0.5.
+a cost model the score is the calibrated *cost* (higher is worse) and `passed` means score < 0.5:
+a cost model trained on safe/unsafe labels (Safe RLHF's loss) is calibrated around raw cost 0, so
+`passed` is then its safe/unsafe prediction.
 
 `batch` scores many completions in a few forward passes; the online loops use it.
 """

@@ -6,7 +6,10 @@ Both decay the learning rate linearly to 0 over the run (`linear_decay`).
 
 - `train_reward_model`: scores chosen and rejected in one forward pass of 2n rows and minimises
   `bradley_terry_loss`; held-out pairwise accuracy after every epoch; at the end stores the
-  calibration (mean and std of raw scores over the training responses) with the model.
+  calibration (mean and std of raw scores over the training responses) with the model. Pairs
+  that carry safety labels (`chosen_unsafe`, `rejected_unsafe` columns, as the safety labeller
+  writes) train a cost model with `safety_cost_loss` instead; its calibration centre is 0, the
+  safe/unsafe boundary that loss learns.
 - `train_dpo`: DPO / IPO on pairs, PRO on rankings (`algo.loss`). Every item is a list of
   responses best first (a pair is [chosen, rejected]). The reference log-probs are computed once,
   before the first update, by `reference_logprobs` (by default with the policy itself, which *is*
@@ -25,7 +28,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.preference import PREFERENCE_LOSSES, RANKING_LOSSES
-from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy
+from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy, safety_cost_loss
 from feedbackrl.config import DPOConfig, RewardModelConfig
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.log import MetricsSink, progress
@@ -64,15 +67,27 @@ def pair_scores(model: RewardModel, tokenizer: PreTrainedTokenizerBase, pairs: l
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
+def safety_labels(pairs: list[PreferencePair]) -> tuple[Tensor, Tensor] | None:
+    """(N,) bool unsafe labels of the chosen (costlier) and rejected responses, if every pair has them."""
+    if not pairs or not all("chosen_unsafe" in p.meta and "rejected_unsafe" in p.meta for p in pairs):
+        return None
+    return (torch.tensor([bool(p.meta["chosen_unsafe"]) for p in pairs]),
+            torch.tensor([bool(p.meta["rejected_unsafe"]) for p in pairs]))
+
+
 def heldout_metrics(model: RewardModel, tokenizer: PreTrainedTokenizerBase,
                     pairs: list[PreferencePair]) -> dict[str, float]:
     """Pairwise accuracy on the labels and, where rows carry gold scores, agreement with gold.
 
     `rm/heldout_gold_agreement` counts pairs with different gold scores only: how often the model
-    ranks the gold-better response higher, whatever the noisy label said.
+    ranks the gold-better response higher, whatever the noisy label said. With safety labels,
+    `rm/heldout_safety_accuracy` is the share of responses on the labelled side of cost 0.
     """
     r_c, r_r = pair_scores(model, tokenizer, pairs)
     out = {"rm/heldout_accuracy": pairwise_accuracy(r_c, r_r).item()}
+    labels = safety_labels(pairs)
+    if labels is not None:
+        out["rm/heldout_safety_accuracy"] = safety_cost_loss(r_c, r_r, *labels)[1]["rm/safety_accuracy"].item()
     gold = [(i, p.meta["gold_chosen"] - p.meta["gold_rejected"]) for i, p in enumerate(pairs)
             if "gold_chosen" in p.meta and p.meta["gold_chosen"] != p.meta["gold_rejected"]]
     if gold:
@@ -86,6 +101,7 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
                        train: list[PreferencePair], heldout: list[PreferencePair], seed: int,
                        sink: MetricsSink) -> dict[str, float]:
     """Bradley-Terry training for `cfg.epochs`; returns the final held-out metrics."""
+    labels = safety_labels(train)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     order_rng = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
@@ -102,7 +118,11 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
                 ids, mask = encode_texts(tokenizer, prompts + prompts,
                                          [p.chosen for p in batch] + [p.rejected for p in batch])
                 scores = model(ids, mask)  # (2n,)
-                loss, stats = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
+                if labels is None:
+                    loss, stats = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
+                else:
+                    loss, stats = safety_cost_loss(scores[: len(batch)], scores[len(batch) :], labels[0][idx],
+                                                   labels[1][idx])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -116,7 +136,8 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
             sink.log(step, {"phase": "rm_eval", "epoch": epoch + 1, **held})
     prompts = [p.prompt for p in train]
     raw = score_texts(model, tokenizer, prompts + prompts, [p.chosen for p in train] + [p.rejected for p in train])
-    model.calibration = Calibration(center=raw.mean().item(), scale=max(raw.std().item(), 1e-6))
+    center = 0.0 if labels is not None else raw.mean().item()
+    model.calibration = Calibration(center=center, scale=max(raw.std().item(), 1e-6))
     return held
 
 

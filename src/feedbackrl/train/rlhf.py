@@ -35,6 +35,7 @@ from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.data.labeller import (
     GoldScore,
     Labeller,
+    gold_cost_for,
     gold_score_for,
     label_ceiling,
     label_rows,
@@ -185,11 +186,18 @@ def run_rlhf(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokeni
     task = make_task(cfg.task)
     gold = gold_score_for(task)
     labeller = Labeller(gold, cfg.prefs.temperature, seed=cfg.train.seed + 3)
+    if name == "reward_model" and cfg.algo.kind == "cost" and not (cfg.prefs.path or cfg.prefs.db):
+        try:  # the safety labeller: a hidden gold cost, and safe/unsafe labels
+            labeller = Labeller(gold_cost_for(task), cfg.prefs.temperature, seed=cfg.train.seed + 3, kind="cost")
+        except ValueError as e:
+            raise ConfigError(f"algo.kind = 'cost': {e}") from None
     if cfg.sft.steps:
         sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
     model.save_pretrained(out_dir / "sft_policy")
     tokenizer.save_pretrained(out_dir / "sft_policy")
     report: dict[str, Any] = {"task": cfg.task.name, "algo": name}
+    if name == "reward_model":
+        report["kind"] = cfg.algo.kind
     if name in ("grpo", "rloo", "ppo"):
         report["reward"] = cfg.reward.model or "verifier"
     t_train = time.perf_counter()
@@ -221,10 +229,12 @@ def run_rlhf(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokeni
 def print_rlhf_report(report: dict[str, Any]) -> None:
     if "reward_model" in report:
         rm, ceiling = report["reward_model"], report["prefs"].get("heldout_ceiling", {})
-        console.print(f"reward model: held-out pairwise accuracy {rm['rm/heldout_accuracy']:.3f}"
+        console.print(f"{report['kind']} model: held-out pairwise accuracy {rm['rm/heldout_accuracy']:.3f}"
                       f" (ceiling from labeller noise: expected {ceiling.get('expected', float('nan')):.3f},"
                       f" realised {ceiling.get('realised', float('nan')):.3f});"
                       f" agreement with gold {rm.get('rm/heldout_gold_agreement', float('nan')):.3f}")
+        if "rm/heldout_safety_accuracy" in rm:
+            console.print(f"safe/unsafe accuracy on held-out responses {rm['rm/heldout_safety_accuracy']:.3f}")
     if "gold_vs_sft" in report:
         g = report["gold_vs_sft"]
         console.print(f"gold win rate vs SFT: sampled {g['win_rate']:.3f}, greedy {g['win_rate_greedy']:.3f};"
