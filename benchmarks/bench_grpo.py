@@ -19,7 +19,6 @@ checkpointing. The first `--warmup` steps are timed but excluded from the median
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import tempfile
@@ -56,18 +55,15 @@ def run_feedbackrl(args: argparse.Namespace) -> dict[str, Any]:
     import feedbackrl.train.online as online
     from feedbackrl.config import build_config
     from feedbackrl.models.load import load_policy, load_tokenizer
-    from feedbackrl.rollout.generate import generate
 
     cfg = build_config({
         "rollout": {"prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP, "max_new_tokens": args.length,
-                    "temperature": 1.0, "top_p": 1.0},
+                    "temperature": 1.0, "top_p": 1.0, "min_new_tokens": args.length},
         "algo": {"name": "grpo", "steps": args.steps, "lr": LR, "kl_coef": 0.0, "epochs": 1, "minibatches": 1,
                  "clip_low": 0.2, "clip_high": 0.2, "max_grad_norm": 1.0, "weight_decay": 0.0,
                  "aggregation": "token_mean", "scale_advantages": True},
         "train": {"seed": 0, "checkpoint_every": 0},
     })
-    # EOS suppression, as TRL's generation_kwargs={"min_new_tokens": L}; the loop has no setting for it
-    online.generate = functools.partial(generate, min_new_tokens=args.length)
     model, tokenizer = load_policy(args.model), load_tokenizer(args.model)
     lock = LockStep()
 

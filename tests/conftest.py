@@ -17,6 +17,17 @@ hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Runs set their own thread count (`train.threads`); put it back so no test leaks it to the next.
+
+    Float sums over 2 threads round differently, and tests that compare sampled tokens bit for bit
+    would then depend on which tests ran before them.
+    """
+    yield
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly initialised tiny Llama + char tokenizer saved with save_pretrained (seed 0). Read-only."""

@@ -136,3 +136,10 @@ def test_errors_name_the_recipe_they_came_from(tmp_path: Path):
     recipe.write_text("[algo]\nlrr = 1\n")
     with pytest.raises(ConfigError, match=f"invalid configuration \\({recipe}\\)"):
         load_config(recipe)
+
+
+def test_min_new_tokens_cannot_exceed_max_new_tokens():
+    with pytest.raises(ConfigError) as err:
+        build_config({"rollout": {"min_new_tokens": 9, "max_new_tokens": 8}})
+    assert "min_new_tokens=9 must be <= max_new_tokens=8" in str(err.value)
+    assert build_config({"rollout": {"min_new_tokens": 8, "max_new_tokens": 8}}).rollout.min_new_tokens == 8

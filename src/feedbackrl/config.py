@@ -47,6 +47,13 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(8, ge=1, le=4096, description="cap on generated tokens")
     temperature: float = Field(1.0, gt=0, le=10, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    min_new_tokens: int = Field(0, ge=0, description="EOS suppressed for this many tokens (as HF generate)")
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> RolloutConfig:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens={self.min_new_tokens} must be <= max_new_tokens={self.max_new_tokens}")
+        return self
 
 
 class GRPOConfig(Section):

@@ -1,5 +1,6 @@
 """A run stopped at a checkpoint and resumed must end bit-for-bit where the uninterrupted run ends."""
 
+import copy
 import random
 import shutil
 from dataclasses import dataclass
@@ -187,3 +188,17 @@ def test_resume_with_kl_needs_the_runs_frozen_reference(half_run: Path, tmp_path
     ckpt = shutil.copytree(half_run / "checkpoints" / "step_000002", tmp_path / "a" / "b" / "step_000002")
     with pytest.raises(CheckpointError, match="frozen reference"):
         train(ckpt, tmp_path / "out", 4, Rows(), resume_from=ckpt)
+
+
+def test_min_new_tokens_reaches_the_rollouts(peaked_lm, tokenizer, tmp_path: Path):
+    # at temperature 5 the peaked model ends most rows early (tests/rollout checks the same without the
+    # ban); with EOS suppressed for all 6 tokens every completion is full length
+    cfg = build_config({
+        "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 6, "min_new_tokens": 6,
+                    "temperature": 5.0},
+        "algo": {"steps": 1}, "train": {"checkpoint_every": 0},
+    })
+    rows = Rows()
+    train_grpo(cfg, copy.deepcopy(peaked_lm), tokenizer, ShapedAddition(), tmp_path, rows)
+    assert rows.rows[1]["rollout/len_mean"] == 6.0
+    assert rows.rows[1]["rollout/truncated_frac"] == 1.0

@@ -13,6 +13,7 @@ from feedbackrl.config import SFTConfig
 from feedbackrl.envs.base import Demonstrates, Task
 from feedbackrl.log import MetricsSink, progress
 from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
+from feedbackrl.train.optim import adamw
 
 
 class SFTUnavailable(ValueError):
@@ -42,7 +43,7 @@ def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ta
         raise SFTUnavailable(f"sft.steps={cfg.steps} but task {task.name!r} cannot write demonstrations; "
                              "set sft.steps = 0")
     rng = random.Random(seed + 7_919)  # its own stream: SFT never shifts the RL data order
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(cfg.warmup_steps))
     model.train()
     loss_val = float("nan")
@@ -55,10 +56,10 @@ def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ta
             c_ids, c_mask = encode_completions(tokenizer, demos)
             logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
             loss = sft_loss(logprobs, c_mask)
-            opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            opt.zero_grad(set_to_none=True)
             sched.step()
             loss_val = loss.item()
             sink.log(step, {"phase": "sft", "loss/sft": loss_val, "lr": sched.get_last_lr()[0]})

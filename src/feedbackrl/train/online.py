@@ -28,6 +28,7 @@ from feedbackrl.models.load import load_policy
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import generate, sequence_logprobs
 from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+from feedbackrl.train.optim import adamw
 
 REFERENCE_DIR = "reference"
 # the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
@@ -38,7 +39,7 @@ Scorer = Callable[[list[Problem], list[str]], tuple[list[Verdict], dict[str, flo
 
 
 def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
+    return adamw(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
 
 
 def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
@@ -112,7 +113,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             # 1. roll out G completions for each of B prompts
             problems = [task.sample(prompt_rng) for _ in range(B)]
             ro = generate(model, tokenizer, [p.prompt for p in problems for _ in range(G)], ro_cfg.max_new_tokens,
-                          ro_cfg.temperature, ro_cfg.top_p, generator=sample_rng)
+                          ro_cfg.temperature, ro_cfg.top_p, generator=sample_rng,
+                          min_new_tokens=ro_cfg.min_new_tokens)
             t_gen = time.perf_counter() - t0
             # 2. score with the task's verifier, 3. group-relative advantages
             owners = [problems[i // G] for i in range(B * G)]
@@ -150,10 +152,12 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         kl = kl_k3(logprobs, ref_lp[idx])
                         per_token = pg + a.kl_coef * kl
                     loss = aggregate(per_token, mask[idx], max_len=ro_cfg.max_new_tokens)
-                    optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
                     optimizer.step()
+                    # free the gradients now, not before the next backward: they would otherwise sit in
+                    # memory through the next rollout (a model's worth of floats at peak RSS)
+                    optimizer.zero_grad(set_to_none=True)
                     n_tok = mask[idx].sum().clamp(min=1)
                     stats["loss/policy"].append(aggregate(pg.detach(), mask[idx], max_len=ro_cfg.max_new_tokens).item())
                     stats["loss/kl"].append(aggregate(kl.detach(), mask[idx], max_len=ro_cfg.max_new_tokens).item())
