@@ -134,3 +134,13 @@ def test_online_run_end_to_end_over_http(tiny_model_dir, tmp_path):
     with open_db(str(tmp_path / "labels.db"))() as s:
         labels = s.scalars(select(Label)).all()
     assert len(labels) == 12 and len({x.item_id for x in labels}) == 12
+
+
+def test_cli_names_a_bad_selection_rule(tmp_path):
+    from typer.testing import CliRunner
+
+    from feedbackrl.cli import app
+
+    result = CliRunner().invoke(app, ["label", "online", "--out", str(tmp_path), "--set", "online.selection=best"])
+    assert result.exit_code == 2
+    assert "online.selection: Input should be 'active', 'random' or 'mixed' (got 'best')" in result.output

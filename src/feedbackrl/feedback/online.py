@@ -71,7 +71,8 @@ from feedbackrl.train.preference import heldout_metrics, train_reward_model
 
 Pairs = list[dict[str, Any]]
 HELDOUT_SEED = 12345  # the held-out pairs are the same for every seed and selection rule
-POLL_S = 0.05  # seconds between status polls (the loop) and between empty-queue checks (the labeller)
+POLL_S = 0.2  # seconds between the loop's status polls
+IDLE_S = 0.5  # seconds the labeller waits on an empty queue (it idles while the reward model trains)
 
 
 class OnlineConfig(Section):
@@ -188,7 +189,7 @@ class HttpLabeller(threading.Thread):
                 while not self.stop.is_set():
                     item = c.get(f"/api/projects/{self.project}/next").raise_for_status().json()["item"]
                     if item is None:
-                        self.stop.wait(POLL_S)
+                        self.stop.wait(IDLE_S)
                         continue
                     a, b = item["responses"]
                     chosen, _ = self.labeller.choose(self.problems[item["prompt"]], a, b)
@@ -233,13 +234,16 @@ def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: P
     r = 0
     while answered < labels:
         r += 1
+        t_round = time.perf_counter()
         batch = propose(r, min(every, labels - answered))
         if not batch.rows:
             break
         labeller_problems.update({p.prompt: p for p in batch.problems})
         api.add_items(batch.rows)
         answered += len(batch.rows)
+        t_posted = time.perf_counter()
         api.wait_for_labels(answered, wait_s, check)
+        t_labelled = time.perf_counter()
         new = api.pairs_since(cursor)
         ids = [row["label_id"] for row in new]
         if any(i <= cursor for i in ids) or len(set(ids)) != len(ids):
@@ -248,7 +252,8 @@ def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: P
         pairs += new
         metrics = retrain(pairs)
         sink.log(r, {"phase": "online", "labels": len(pairs), "answered": answered, "new_pairs": len(new),
-                     **metrics, "seconds": time.perf_counter() - t0})
+                     **metrics, "seconds": time.perf_counter() - t0, "time/propose_s": t_posted - t_round,
+                     "time/labels_s": t_labelled - t_posted, "time/retrain_s": time.perf_counter() - t_labelled})
     return pairs
 
 

@@ -1,0 +1,111 @@
+"""Active vs random pair selection in the online reward-model loop: several seeds per rule, then a
+table of labels-to-reach-accuracy and a plot of held-out accuracy against labels.
+
+    python examples/online_active_vs_random.py --out runs/online_sweep --seeds 0 1 2 --jobs 2 \\
+        --set model.path=runs/reward_model/sft_policy --set sft.steps=0 --plot docs/online_rm.png
+
+Each run is `feedbackrl label online recipes/online_rm.toml --out OUT/<rule>_s<seed>` (a finished
+run, one with report.json, is not redone). `--summarise-only` redraws from finished runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKS = ("0.60", "0.65", "0.70")
+
+
+def run_one(out: Path, rule: str, seed: int, overrides: list[str]) -> Path:
+    run_dir = out / f"{rule}_s{seed}"
+    if (run_dir / "report.json").is_file():
+        return run_dir
+    cmd = [str(Path(sys.executable).parent / "feedbackrl"), "label", "online", str(ROOT / "recipes" / "online_rm.toml"),
+           "--out", str(run_dir), "--set", f"online.selection={rule}", "--set", f"train.seed={seed}"]
+    for item in overrides:
+        cmd += ["--set", item]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "log.txt").open("w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    return run_dir
+
+
+def last_round(run_dir: Path) -> dict:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("phase") == "online"][-1]
+
+
+def table(reports: dict[str, list[dict]]) -> str:
+    head = "| selection | seed | " + " | ".join(f"labels to {m}" for m in MARKS) + \
+        " | final accuracy | final gold agreement | gold ties in labels | wall s |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for rule, reps in reports.items():
+        for r in reps:
+            marks = " | ".join(str(r.get(f"labels_to_{m}") or "never") for m in MARKS)
+            lines.append(f"| {rule} | {r['seed']} | {marks} | {r['final_accuracy']:.3f} | "
+                         f"{r['final_gold_agreement']:.3f} | {r['gold_ties']:.2f} | "
+                         f"{r['wall_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, list[Path]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for i, (rule, dirs) in enumerate(runs.items()):
+        curves = {"rm/heldout_accuracy": [], "rm/heldout_gold_agreement": []}
+        for d in dirs:
+            rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            rows = [r for r in rows if r.get("phase") == "online"]
+            for ax, key in zip(axes, curves, strict=True):
+                ax.plot([r["labels"] for r in rows], [r[key] for r in rows], color=f"C{i}", alpha=0.25, lw=0.8)
+                curves[key].append([(r["labels"], r[key]) for r in rows])
+        for ax, runs_xy in zip(axes, curves.values(), strict=True):
+            n = min(len(c) for c in runs_xy)
+            xs = [runs_xy[0][j][0] for j in range(n)]
+            ys = [sum(c[j][1] for c in runs_xy) / len(runs_xy) for j in range(n)]
+            ax.plot(xs, ys, "o-", color=f"C{i}", lw=2, label=f"{rule} (mean of {len(runs_xy)} seeds)")
+    for ax, title in zip(axes, ("held-out pairwise accuracy (noisy labels)", "agreement with gold"), strict=True):
+        ax.set_xlabel("labels")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("runs/online_sweep"))
+    ap.add_argument("--rules", nargs="+", default=["active", "random"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="passed to every run")
+    ap.add_argument("--plot", type=Path, default=None, help="write the plot here (default OUT/online_rm.png)")
+    ap.add_argument("--summarise-only", action="store_true")
+    args = ap.parse_args()
+    jobs = [(rule, seed) for seed in args.seeds for rule in args.rules]
+    if not args.summarise_only:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda job: run_one(args.out, job[0], job[1], args.overrides), jobs))
+    runs = {rule: [args.out / f"{rule}_s{s}" for s in args.seeds
+                   if (args.out / f"{rule}_s{s}" / "report.json").is_file()] for rule in args.rules}
+    reports = {rule: [{**json.loads((d / "report.json").read_text()), "gold_ties": last_round(d)["labels/gold_ties"]}
+                      for d in dirs] for rule, dirs in runs.items()}
+    text = table(reports)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    plot(runs, args.plot or args.out / "online_rm.png")
+
+
+if __name__ == "__main__":
+    main()
