@@ -384,11 +384,11 @@ def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: Pre
         torch.manual_seed(cfg.train.seed)
         rm = build_reward_model(policy)
         pairs = with_gold(rows, problems, task)
-        if not pairs:
-            return heldout_metrics(rm, tokenizer, heldout)
-        held = train_reward_model(cfg.algo, rm, tokenizer, pairs, heldout, cfg.train.seed, _NullSink())
-        state["rm"] = rm
-        return {**held, **label_gold_stats(pairs)}
+        if pairs:
+            # no held-out set inside: it would be scored after every epoch; once per round is enough
+            train_reward_model(cfg.algo, rm, tokenizer, pairs, [], cfg.train.seed, _NullSink())
+            state["rm"] = rm
+        return {**heldout_metrics(rm, tokenizer, heldout), **label_gold_stats(pairs)}
 
     return retrain, lambda: state["rm"]
 
