@@ -56,6 +56,15 @@ def test_summary_counts_labels_to_reach_each_accuracy():
                    "labels_to_0.60": 200, "labels_to_0.65": None}
 
 
+def test_label_gold_stats_count_agreement_and_ties():
+    from feedbackrl.data.preferences import PreferencePair
+    from feedbackrl.feedback.online import label_gold_stats
+
+    golds = [(1.0, 0.5), (0.2, 0.2), (0.0, 0.8)]  # agrees, a gold tie (counts one half), disagrees
+    pairs = [PreferencePair("p", "c", "r", {"gold_chosen": c, "gold_rejected": r}) for c, r in golds]
+    assert label_gold_stats(pairs) == {"labels/gold_agreement": 0.5, "labels/gold_ties": 1 / 3}
+
+
 def reverse_gold(problem: Problem, completion: str) -> float:
     return float(completion == problem.answer)
 
