@@ -101,7 +101,7 @@ def ours(kind: str, model_dir: str, rows: list[dict[str, str]], warmup: int) -> 
         finally:
             preference.reference_logprobs = original
     else:
-        rm = build_reward_model(load_policy(model_dir))
+        rm = build_reward_model(load_policy(model_dir), head_type="last_token")  # the head TRL uses: like for like
         cfg = RewardModelConfig(epochs=1, batch_size=BATCH, lr=1e-4)
         held = pairs[:BATCH]  # train_reward_model evaluates before and after; not in the step times
         timer.t0 = time.perf_counter()

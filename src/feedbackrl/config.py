@@ -109,6 +109,8 @@ class DPOConfig(Section):
 class RewardModelConfig(Section):
     name: Literal["reward_model"] = Field("reward_model", description="algorithm")
     kind: Literal["reward", "cost"] = Field("reward", description="what the scalar head means (cost: lower is safer)")
+    head: Literal["per_token", "last_token"] = Field(
+        "per_token", description="per-token scores summed over the response, or one score at the last token")
     epochs: int = Field(3, ge=1, le=100, description="passes over the preference pairs")
     batch_size: int = Field(64, ge=1, description="pairs per optimizer step")
     lr: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate (backbone and head)")

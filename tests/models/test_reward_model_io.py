@@ -25,28 +25,67 @@ PROMPTS = ["abc=", "hgcaf=", "ab=", "jjjjjjj="]
 RESPONSES = ["cba", "facgh", "abab", ""]
 
 
-@pytest.fixture()
-def reward_model(tiny_model_dir: Path) -> RewardModel:
+@pytest.fixture(params=["per_token", "last_token"])
+def reward_model(tiny_model_dir: Path, request: pytest.FixtureRequest) -> RewardModel:
     torch.manual_seed(0)
-    rm = build_reward_model(load_policy(str(tiny_model_dir)))
+    rm = build_reward_model(load_policy(str(tiny_model_dir)), head_type=request.param)
     with torch.no_grad():  # a head large enough that scores differ visibly between texts
         rm.head.weight.normal_(0, 1.0)
+        rm.head.bias.normal_(0, 1.0)
     return rm.eval()
 
 
 def test_encode_texts_left_pads_and_ends_every_row_with_eos(tokenizer):
-    ids, mask = encode_texts(tokenizer, PROMPTS, RESPONSES)
+    ids, mask, response_mask = encode_texts(tokenizer, PROMPTS, RESPONSES)
     assert (ids[:, -1] == tokenizer.eos_token_id).all() and (mask[:, -1] == 1).all()
     assert mask.sum(1).tolist() == [len(p) + len(r) + 1 for p, r in zip(PROMPTS, RESPONSES, strict=True)]
     assert (ids[mask == 0] == tokenizer.pad_token_id).all()
+    # the response and its EOS, right-aligned: "cba" + EOS is the last 4 columns of row 0
+    assert response_mask.sum(1).tolist() == [len(r) + 1 for r in RESPONSES]
+    assert tokenizer.decode(ids[0][response_mask[0] == 1][:-1]) == "cba"
 
 
 def test_score_does_not_depend_on_padding(reward_model, tokenizer):
     # Scoring a row alone (no padding) or next to a longer one (left padding) gives the same score.
     alone = score_texts(reward_model, tokenizer, PROMPTS[:1], RESPONSES[:1])
     batched = score_texts(reward_model, tokenizer, PROMPTS, RESPONSES)
-    torch.testing.assert_close(batched[:1], alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(batched[:1], alone, atol=1e-5, rtol=1e-5)  # per_token scores are ~10-20
     assert batched.unique().numel() == len(PROMPTS)  # the texts really get different scores
+
+
+def test_per_token_score_is_the_sum_of_next_token_reads(tiny_model_dir, tokenizer):
+    # Slow path, one row at a time: run the backbone on prompt + response + EOS, and for each
+    # response token x_t (EOS included) add W[x_t] . h_{t-1} + b[x_t].
+    torch.manual_seed(1)
+    rm = build_reward_model(load_policy(str(tiny_model_dir)), head_type="per_token").eval()
+    with torch.no_grad():
+        rm.head.weight.normal_(0, 1.0)
+        rm.head.bias.normal_(0, 1.0)
+        fast = score_texts(rm, tokenizer, PROMPTS, RESPONSES)
+        for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+            ids = tokenizer(p + r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            h = rm.backbone.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0]  # (L, H)
+            slow = sum(rm.head.weight[ids[t]] @ h[t - 1] + rm.head.bias[ids[t]] for t in range(len(p), len(ids)))
+            assert fast[i].item() == pytest.approx(slow.item(), abs=1e-4)
+
+
+def test_untrained_per_token_head_scores_everything_zero(tiny_model_dir, tokenizer):
+    rm = build_reward_model(load_policy(str(tiny_model_dir)))
+    assert rm.head_type == "per_token" and rm.head.weight.shape == (rm.backbone.config.vocab_size,
+                                                                     rm.backbone.config.hidden_size)
+    assert score_texts(rm, tokenizer, PROMPTS, RESPONSES).abs().max().item() == 0.0
+
+
+def test_a_marker_without_head_type_loads_the_last_token_head(tiny_model_dir, tokenizer, tmp_path):
+    rm = build_reward_model(load_policy(str(tiny_model_dir)), head_type="last_token")
+    path = save_reward_model(rm, tokenizer, tmp_path / "old")
+    marker = json.loads((path / MARKER).read_text())
+    del marker["head_type"]  # as written before the per-token head existed
+    (path / MARKER).write_text(json.dumps(marker))
+    again, _ = load_reward_model(path)
+    assert again.head_type == "last_token"
+    assert torch.equal(score_texts(again, tokenizer, PROMPTS, RESPONSES), score_texts(rm, tokenizer, PROMPTS,
+                                                                                        RESPONSES))
 
 
 def test_save_and_reload_give_identical_scores(reward_model, tokenizer, tmp_path):
@@ -96,3 +135,5 @@ def test_learned_reward_verdicts(reward_model, tiny_model_dir):
 def test_reward_model_rejects_an_unknown_kind(tiny_model_dir):
     with pytest.raises(ValueError, match="'reward' or 'cost'"):
         RewardModel(load_policy(str(tiny_model_dir)), kind="value")
+    with pytest.raises(ValueError, match="head_type must be one of"):
+        RewardModel(load_policy(str(tiny_model_dir)), head_type="mean")

@@ -171,6 +171,8 @@ def test_logprobs_and_values_match_sequence_logprobs(peaked_lm, tokenizer):
 def reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     rm = build_reward_model(load_policy(str(tiny_model_dir)))
+    with torch.no_grad():  # the per-token head starts at 0 (every response scores the same): give it weights
+        rm.head.weight.normal_(0, 0.02)
     return save_reward_model(rm, load_tokenizer(str(tiny_model_dir)), tmp_path_factory.mktemp("rm") / "rm")
 
 

@@ -115,9 +115,8 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
             for idx in _batches(len(train), cfg.batch_size, order_rng):
                 batch = [train[i] for i in idx.tolist()]
                 prompts = [p.prompt for p in batch]
-                ids, mask = encode_texts(tokenizer, prompts + prompts,
-                                         [p.chosen for p in batch] + [p.rejected for p in batch])
-                scores = model(ids, mask)  # (2n,)
+                scores = model(*encode_texts(tokenizer, prompts + prompts,
+                                             [p.chosen for p in batch] + [p.rejected for p in batch]))  # (2n,)
                 if labels is None:
                     loss, stats = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
                 else:

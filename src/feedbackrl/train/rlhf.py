@@ -206,7 +206,7 @@ def run_rlhf(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokeni
                                                                    heldout=name == "reward_model")
     baseline = copy.deepcopy(model).eval()
     if name == "reward_model":
-        rm = build_reward_model(model, cfg.algo.kind)
+        rm = build_reward_model(model, cfg.algo.kind, cfg.algo.head)
         report["reward_model"] = train_reward_model(cfg.algo, rm, tokenizer, train_items, held_items, cfg.train.seed,
                                                     sink)
         report["reward_model"]["dir"] = str(save_reward_model(rm, tokenizer, out_dir / "reward_model"))
