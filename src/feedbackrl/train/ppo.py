@@ -52,11 +52,15 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     p = prompt_ids.shape[1]
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), output_hidden_states=True)
-    logp_all = torch.log_softmax(out.logits[:, p - 1 : -1].float() / temperature, dim=-1)
+    # The trunk's last hidden states, then the LM head on the completion positions only. Not
+    # `output_hidden_states=True`: transformers then installs output-capturing hooks on the model for
+    # good, and a hooked model loses the fast decode path (rollout.generate._fast_path_ok).
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
+                              use_cache=False).last_hidden_state[:, p - 1 : -1]
+    logp_all = torch.log_softmax(model.get_output_embeddings()(hidden).float() / temperature, dim=-1)
     m = completion_mask.float()
     logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * m
-    values = value_head(out.hidden_states[-1][:, p - 1 : -1]).squeeze(-1).float() * m
+    values = value_head(hidden).squeeze(-1).float() * m
     with torch.no_grad():
         entropy = -(logp_all.exp() * logp_all).sum(-1) * m
     return logprobs, values, entropy
