@@ -1,9 +1,11 @@
 """DPO and reward-model training throughput: optimizer steps per second, ours vs TRL, one run.
 
-Run: .venv/bin/python benchmarks/bench_preference.py [--threads 2] [--steps 12] [--repeats 3]
-Prints a markdown table and writes benchmarks/results/preference.json.
+Run: .venv/bin/python benchmarks/bench_preference.py [--threads 2] [--steps 12] [--repeats 3] [--size small]
+       [--parts dpo]
+Prints a markdown table and writes benchmarks/results/preference.json (benchmarks/run.py runs the DPO
+part for both sizes as one of its sections).
 
-Same tiny model (the 1.06M-parameter char-level Llama of `models/tiny.py`, seed 0), same data and
+Same tiny or small model (the char-level Llamas of `models/tiny.py`, seed 0), same data and
 batch as the TRL CPU anchor (shared/baselines/trl-cpu, DPO part): 16 pairs per step, prompt
 "Question: what is a+b? Answer: " (31 tokens), chosen/rejected "a+b=s, so the answer is s."
 with a right or wrong sum (~26 tokens + EOS). max_length is set high enough that TRL truncates
@@ -46,6 +48,11 @@ from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.reward import build_reward_model
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.train.preference import train_dpo, train_reward_model
+
+try:  # run from benchmarks/ (run.py's workers); the tag lets run.py read the result off stdout
+    from common import RESULT_TAG, emit
+except ImportError:  # pragma: no cover
+    RESULT_TAG, emit = None, None
 
 RESULTS = Path(__file__).parent / "results" / "preference.json"
 BATCH = 16
@@ -170,6 +177,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    ap.add_argument("--parts", default="dpo,rm", help="comma-separated: dpo, rm")
+    ap.add_argument("--model", type=Path, help="an existing model dir of that size (else built in a temp dir)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -184,20 +194,21 @@ def main() -> None:
         trl_version: str | None = trl.__version__
     except ImportError:
         trl_version = None
-    variants: dict[str, Any] = {
-        "dpo/ours": lambda d: ours("dpo", d, rows, args.warmup),
-        "rm/ours": lambda d: ours("rm", d, rows, args.warmup),
-    }
-    if trl_version:
-        variants.update({
-            "dpo/trl": lambda d: trl_variant("dpo", d, rows, args.warmup),
-            "dpo/trl_precompute": lambda d: trl_variant("dpo", d, rows, args.warmup, precompute=True),
-            "rm/trl": lambda d: trl_variant("rm", d, rows, args.warmup),
-        })
+    parts = args.parts.split(",")
+    variants: dict[str, Any] = {}
+    if "dpo" in parts:
+        variants["dpo/ours"] = lambda d: ours("dpo", d, rows, args.warmup)
+        if trl_version:
+            variants["dpo/trl"] = lambda d: trl_variant("dpo", d, rows, args.warmup)
+            variants["dpo/trl_precompute"] = lambda d: trl_variant("dpo", d, rows, args.warmup, precompute=True)
+    if "rm" in parts:
+        variants["rm/ours"] = lambda d: ours("rm", d, rows, args.warmup)
+        if trl_version:
+            variants["rm/trl"] = lambda d: trl_variant("rm", d, rows, args.warmup)
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {k: [] for k in variants}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(make_tiny(Path(tmp) / "tiny", "tiny", 0))
+        model_dir = str(args.model or make_tiny(Path(tmp) / args.size, args.size, 0))
         for _ in range(args.repeats):
             for name, fn in variants.items():  # interleaved, so load changes hit every variant alike
                 times[name].append(fn(model_dir))
@@ -205,14 +216,14 @@ def main() -> None:
     result: dict[str, Any] = {
         "steps_per_s": steps_per_s, "step_s_all_repeats": times,
         "ratio_ours_over_trl": {kind: steps_per_s[f"{kind}/ours"] / steps_per_s[f"{kind}/trl"]
-                                for kind in ("dpo", "rm") if f"{kind}/trl" in steps_per_s},
+                                for kind in ("dpo", "rm") if {f"{kind}/trl", f"{kind}/ours"} <= steps_per_s.keys()},
         "trl": trl_version or "not installed (pip install trl==1.16.0 to compare)",
         "settings": {"batch_pairs": BATCH, "threads": args.threads, "steps": args.steps, "warmup": args.warmup,
-                     "repeats": args.repeats, "model": "tiny (1.06M params)", "dtype": "float32"},
+                     "repeats": args.repeats, "model": args.size, "dtype": "float32"},
         "loadavg_before_after": [load_before, os.getloadavg()],
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     }
-    if trl_version:
+    if trl_version and "dpo" in parts:
         result["ratio_ours_over_trl"]["dpo_vs_trl_precompute"] = steps_per_s["dpo/ours"] / steps_per_s[
             "dpo/trl_precompute"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -221,6 +232,8 @@ def main() -> None:
     for k, v in steps_per_s.items():
         print(f"| {k} | {v:.2f} |")
     print("ratios ours/TRL:", {k: round(v, 2) for k, v in result["ratio_ours_over_trl"].items()} or result["trl"])
+    if emit is not None:
+        emit(RESULT_TAG, result)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ Needs the `bench` extra for TRL: pip install -e '.[bench]'. Sections, each in fr
 2. generation, batch 64 x 128 new tokens, tiny and small: HF `model.generate` and our `generate`
    alternating in one process;
 3. a GRPO step, tiny and small, L = 16 and 64: feedbackrl's `train_grpo` and TRL's `GRPOTrainer`
-   in two processes (honest peak RSS each) that take turns step by step (benchmarks/bench_grpo.py).
+   in two processes (honest peak RSS each) that take turns step by step (benchmarks/bench_grpo.py);
+4. a DPO step, tiny and small, 16 pairs: ours vs TRL's `DPOTrainer` (default, and with precomputed
+   reference log-probs), interleaved repeats in one process (benchmarks/bench_preference.py).
 
 Every ratio compares figures taken in the same run, interleaved, so machine load hits both sides;
 the 1-minute load average is recorded per row. Writes benchmarks/results/perf[_quick].json and
@@ -154,9 +156,11 @@ def cpu_name() -> str:
 
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"gen": [("tiny", 128, 2), ("small", 32, 2)], "grpo": [("tiny", 16, 1, 4), ("small", 16, 1, 3)]}
+        return {"gen": [("tiny", 128, 2), ("small", 32, 2)], "grpo": [("tiny", 16, 1, 4), ("small", 16, 1, 3)],
+                "dpo": [("tiny", 6, 1), ("small", 4, 1)]}
     return {"gen": [("tiny", 128, 3), ("small", 128, 3)],
-            "grpo": [("tiny", 16, 2, 10), ("tiny", 64, 2, 10), ("small", 16, 2, 6), ("small", 64, 2, 5)]}
+            "grpo": [("tiny", 16, 2, 10), ("tiny", 64, 2, 10), ("small", 16, 2, 6), ("small", 64, 2, 5)],
+            "dpo": [("tiny", 12, 3), ("small", 6, 2)]}  # (size, steps incl. 2 warm-up, repeats)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -202,6 +206,18 @@ def _run_sections(args: argparse.Namespace, p: dict[str, Any], out: dict[str, An
             log(f"grpo {size} L={length}: feedbackrl {r['feedbackrl']['step_s']['median']:.3f} s/step, "
                 f"TRL {r['trl']['step_s']['median']:.3f} s/step, speedup {r['speedup']:.2f}x, RSS "
                 f"{r['feedbackrl']['peak_rss_mib']:.0f} / {r['trl']['peak_rss_mib']:.0f} MiB")
+        out["dpo"] = []
+        with open(logdir / "dpo.log", "w") as dlog:
+            for size, steps, repeats in p["dpo"]:
+                before = load_average()
+                r = run_worker([str(HERE / "bench_preference.py"), "--parts", "dpo", "--size", size,
+                                "--model", str(models[size]), "--threads", str(args.threads), "--steps", str(steps),
+                                "--warmup", "2", "--repeats", str(repeats), "--out", str(logdir / f"dpo_{size}.json")],
+                               args.threads, dlog)
+                r.update(model=size, load_before=before, load_after=load_average())
+                out["dpo"].append(r)
+                log(f"dpo {size}: ratio ours/TRL {r['ratio_ours_over_trl']['dpo']:.2f}x, "
+                    f"vs TRL with precomputed reference {r['ratio_ours_over_trl']['dpo_vs_trl_precompute']:.2f}x")
 
 
 def pct(x: float) -> str:
@@ -242,6 +258,13 @@ def markdown(res: dict[str, Any]) -> str:
             f"| {t:.3f} ({COMPLETIONS / t:.0f}) | **{r['speedup']:.2f}x** | {pct(bound_s / o)} / {pct(bound_s / t)} "
             f"| {ours['peak_rss_mib']:,.0f} / {trl['peak_rss_mib']:,.0f} "
             f"| {r['load_1min']['min']:.1f}-{r['load_1min']['max']:.1f} |")
+    for r in res.get("dpo", []):
+        sps = r["steps_per_s"]
+        o, t, tp = 1 / sps["dpo/ours"], 1 / sps["dpo/trl"], 1 / sps["dpo/trl_precompute"]
+        lines.append(
+            f"| DPO {r['model']}, 16 pairs: s/step (vs TRL with precomputed reference) | {o:.3f} | {t:.3f} ({tp:.3f}) "
+            f"| **{t / o:.2f}x** ({tp / o:.2f}x) | - | - (one process) "
+            f"| {r['load_before'][0]} -> {r['load_after'][0]} |")
     if res["grpo"]:
         lines += ["", "GRPO detail: generated tokens/s (whole step), the share of the step spent generating, and "
                   "the speed ratio from CPU seconds per step (less sensitive to other processes than wall time).", "",
