@@ -17,8 +17,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from feedbackrl.feedback.online import ACCURACY_MARKS, summarise
+
 ROOT = Path(__file__).resolve().parent.parent
-MARKS = ("0.60", "0.65", "0.70")
 
 
 def run_one(out: Path, rule: str, seed: int, overrides: list[str]) -> Path:
@@ -35,19 +36,26 @@ def run_one(out: Path, rule: str, seed: int, overrides: list[str]) -> Path:
     return run_dir
 
 
-def last_round(run_dir: Path) -> dict:
+def rounds(run_dir: Path) -> list[dict]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r.get("phase") == "online"][-1]
+    return [r for r in rows if r.get("phase") == "online"]
+
+
+def run_summary(run_dir: Path) -> dict:
+    """The run's report plus labels-to-reach each of ACCURACY_MARKS and the last round's label statistics."""
+    rows = rounds(run_dir)
+    report = json.loads((run_dir / "report.json").read_text())
+    return {**report, **summarise(rows, ACCURACY_MARKS), "gold_ties": rows[-1]["labels/gold_ties"]}
 
 
 def table(reports: dict[str, list[dict]]) -> str:
-    head = "| selection | seed | " + " | ".join(f"labels to {m}" for m in MARKS) + \
-        " | final accuracy | final gold agreement | gold ties in labels | wall s |"
+    head = "| selection | seed | " + " | ".join(f"labels to {m:g}" for m in ACCURACY_MARKS) + \
+        " | labels | final accuracy | final gold agreement | gold ties in labels | wall s |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for rule, reps in reports.items():
         for r in reps:
-            marks = " | ".join(str(r.get(f"labels_to_{m}") or "never") for m in MARKS)
-            lines.append(f"| {rule} | {r['seed']} | {marks} | {r['final_accuracy']:.3f} | "
+            marks = " | ".join(str(r[f"labels_to_{m:g}"] or "never") for m in ACCURACY_MARKS)
+            lines.append(f"| {rule} | {r['seed']} | {marks} | {r['final_labels']} | {r['final_accuracy']:.3f} | "
                          f"{r['final_gold_agreement']:.3f} | {r['gold_ties']:.2f} | "
                          f"{r['wall_seconds']:.0f} |")
     return "\n".join(lines)
@@ -63,8 +71,7 @@ def plot(runs: dict[str, list[Path]], png: Path) -> None:
     for i, (rule, dirs) in enumerate(runs.items()):
         curves = {"rm/heldout_accuracy": [], "rm/heldout_gold_agreement": []}
         for d in dirs:
-            rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-            rows = [r for r in rows if r.get("phase") == "online"]
+            rows = rounds(d)
             for ax, key in zip(axes, curves, strict=True):
                 ax.plot([r["labels"] for r in rows], [r[key] for r in rows], color=f"C{i}", alpha=0.25, lw=0.8)
                 curves[key].append([(r["labels"], r[key]) for r in rows])
@@ -99,8 +106,7 @@ def main() -> None:
             list(pool.map(lambda job: run_one(args.out, job[0], job[1], args.overrides), jobs))
     runs = {rule: [args.out / f"{rule}_s{s}" for s in args.seeds
                    if (args.out / f"{rule}_s{s}" / "report.json").is_file()] for rule in args.rules}
-    reports = {rule: [{**json.loads((d / "report.json").read_text()), "gold_ties": last_round(d)["labels/gold_ties"]}
-                      for d in dirs] for rule, dirs in runs.items()}
+    reports = {rule: [run_summary(d) for d in dirs] for rule, dirs in runs.items()}
     text = table(reports)
     (args.out / "table.md").write_text(text + "\n")
     print(text)

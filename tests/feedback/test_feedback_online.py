@@ -53,7 +53,7 @@ def test_summary_counts_labels_to_reach_each_accuracy():
     out = summarise(rows, (0.60, 0.65))
     # an untrained model that is right by chance does not count: labels > 0 only
     assert out == {"final_labels": 300, "final_accuracy": 0.61, "final_gold_agreement": None,
-                   "labels_to_0.60": 200, "labels_to_0.65": None}
+                   "labels_to_0.6": 200, "labels_to_0.65": None}
 
 
 def test_label_gold_stats_count_agreement_and_ties():
