@@ -31,6 +31,7 @@ from feedbackrl.log import MetricsSink, progress
 from feedbackrl.rollout.generate import generate, positions, sequence_logprobs
 from feedbackrl.train.checkpoint import save_checkpoint
 from feedbackrl.train.online import Scorer, _chunks
+from feedbackrl.train.optim import adamw
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -81,7 +82,7 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
     B, G, temp = ro_cfg.prompts_per_step, ro_cfg.group_size, ro_cfg.temperature
     value_head = make_value_head(model)
     params = list(model.parameters()) + list(value_head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
+    optimizer = adamw(params, lr=a.lr, weight_decay=0.0)
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 else None
