@@ -14,8 +14,9 @@ on both sides. Every `--eval-every` steps both are evaluated by the same functio
 run's seeded RNG, TRL's from a shuffled dataset of prompts drawn the same way: same distribution,
 not the same order.
 
-Writes benchmarks/results/sample_efficiency.json and .md: accuracy after every eval, and per run the
-first step at which held-out accuracy reaches each threshold.
+Writes benchmarks/results/sample_efficiency.json and .md (accuracy after every eval; per run the
+first step at which held-out accuracy reaches each threshold) and docs/sample_efficiency.png.
+`--replot` redraws the table and plot from the JSON without training.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RECIPE = HERE.parent / "recipes" / "reverse_grpo.toml"
+PLOT = HERE.parent / "docs" / "sample_efficiency.png"
 THRESHOLDS = (0.5, 0.6, 0.7, 0.75)
 
 
@@ -159,6 +161,30 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    styles = {"feedbackrl": ("tab:blue", "-"), "trl": ("tab:orange", "--")}
+    for run in res["runs"]:
+        steps, acc = zip(*run["curve"], strict=True)
+        color, line = styles.get(run["framework"], ("gray", ":"))
+        ax.plot(steps, acc, color=color, linestyle=line, marker="o", markersize=3,
+                label=f"{run['framework']} seed {run['seed']}")
+    ax.set_xlabel("GRPO step (16 prompts x 8 samples)")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title("Demo task from one SFT checkpoint: feedbackrl vs TRL 1.16")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=120)
@@ -166,7 +192,13 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--frameworks", default="feedbackrl,trl")
+    ap.add_argument("--replot", action="store_true", help="redraw table and plot from the last JSON; no training")
     args = ap.parse_args()
+    if args.replot:
+        res = json.loads((RESULTS / "sample_efficiency.json").read_text())
+        plot(res, PLOT)
+        print(report(res))
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
@@ -192,6 +224,7 @@ def main() -> None:
     (RESULTS / "sample_efficiency.json").write_text(json.dumps(res, indent=1))
     md = report(res)
     (RESULTS / "sample_efficiency.md").write_text(md + "\n")
+    plot(res, PLOT)
     print(md)
 
 
