@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import subprocess
 import sys
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,6 +50,40 @@ def run_summary(run_dir: Path) -> dict:
     return {**report, **summarise(rows, ACCURACY_MARKS), "gold_ties": rows[-1]["labels/gold_ties"]}
 
 
+def label_stats(run_dir: Path, temperature: float = 0.05) -> dict[int, dict[str, float]]:
+    """Per round, over the items posted: share of gold ties, mean gold gap, expected share of labels
+    that agree with gold (max(p, 1 - p) under the labeller's choice model) and the reward model's
+    certainty |P(first > second) - 0.5|. Reverse task only: the gold answer is the reversed prompt."""
+    from feedbackrl.data.labeller import choice_probability, reverse_gold
+    from feedbackrl.rewards.verdict import Problem
+
+    con = sqlite3.connect(f"file:{run_dir / 'labels.db'}?mode=ro", uri=True)
+    per_round: dict[int, list[tuple[float, float, float, float]]] = defaultdict(list)
+    for prompt, responses, meta in con.execute("SELECT prompt, responses, meta FROM items ORDER BY id"):
+        (a, b), meta = json.loads(responses), json.loads(meta)
+        problem = Problem(prompt, prompt.removesuffix("=")[::-1])
+        g_a, g_b = reverse_gold(problem, a), reverse_gold(problem, b)
+        p = choice_probability(g_a, g_b, temperature)
+        per_round[meta["round"]].append((float(g_a == g_b), abs(g_a - g_b), max(p, 1 - p),
+                                         abs(meta["rm_p_first"] - 0.5)))
+    con.close()
+    keys = ("gold_ties", "gold_gap", "label_reliability", "rm_certainty")
+    return {r: {k: sum(x[i] for x in xs) / len(xs) for i, k in enumerate(keys)} for r, xs in sorted(per_round.items())}
+
+
+def label_table(runs: dict[str, list[Path]]) -> str:
+    """Mean over seeds and rounds 2+ (round 1 is random for every rule) of `label_stats`."""
+    lines = ["| selection | gold ties | gold gap | labels agreeing with gold (expected) | reward-model certainty |",
+             "|---|---|---|---|---|"]
+    for rule, dirs in runs.items():
+        rows = [v for d in dirs for r, v in label_stats(d).items() if r > 1]
+        if rows:
+            mean = {k: sum(x[k] for x in rows) / len(rows) for k in rows[0]}
+            lines.append(f"| {rule} | {mean['gold_ties']:.3f} | {mean['gold_gap']:.3f} | "
+                         f"{mean['label_reliability']:.3f} | {mean['rm_certainty']:.4f} |")
+    return "\n".join(lines)
+
+
 def table(reports: dict[str, list[dict]]) -> str:
     head = "| selection | seed | " + " | ".join(f"labels to {m:g}" for m in ACCURACY_MARKS) + \
         " | labels | final accuracy | final gold agreement | gold ties in labels | wall s |"
@@ -61,7 +97,7 @@ def table(reports: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, list[Path]], png: Path) -> None:
+def plot(runs: dict[str, list[Path]], png: Path, ceiling: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,7 +116,8 @@ def plot(runs: dict[str, list[Path]], png: Path) -> None:
             xs = [runs_xy[0][j][0] for j in range(n)]
             ys = [sum(c[j][1] for c in runs_xy) / len(runs_xy) for j in range(n)]
             ax.plot(xs, ys, "o-", color=f"C{i}", lw=2, label=f"{rule} (mean of {len(runs_xy)} seeds)")
-    for ax, title in zip(axes, ("held-out pairwise accuracy (noisy labels)", "agreement with gold"), strict=True):
+    titles = (f"held-out pairwise accuracy (labeller-noise ceiling {ceiling:.3f})", "held-out agreement with gold")
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_xlabel("labels")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -107,10 +144,11 @@ def main() -> None:
     runs = {rule: [args.out / f"{rule}_s{s}" for s in args.seeds
                    if (args.out / f"{rule}_s{s}" / "report.json").is_file()] for rule in args.rules}
     reports = {rule: [run_summary(d) for d in dirs] for rule, dirs in runs.items()}
-    text = table(reports)
+    text = table(reports) + "\n\n" + label_table(runs)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
-    plot(runs, args.plot or args.out / "online_rm.png")
+    ceiling = next(r["heldout_ceiling"]["expected"] for reps in reports.values() for r in reps)
+    plot(runs, args.plot or args.out / "online_rm.png", ceiling)
 
 
 if __name__ == "__main__":
