@@ -4,8 +4,9 @@ table of labels-to-reach-accuracy and a plot of held-out accuracy against labels
     python examples/online_active_vs_random.py --out runs/online_sweep --seeds 0 1 2 --jobs 2 \\
         --set model.path=runs/reward_model/sft_policy --set sft.steps=0 --plot docs/online_rm.png
 
-Each run is `feedbackrl label online recipes/online_rm.toml --out OUT/<rule>_s<seed>` (a finished
-run, one with report.json, is not redone). `--summarise-only` redraws from finished runs.
+Each run is `feedbackrl label online recipes/online_rm.toml --out OUT/<rule>_s<seed>`; a run that
+has started (metrics.jsonl exists) is never started again, so two sweeps over the same OUT do not
+collide. `--summarise-only` redraws from finished runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_one(out: Path, rule: str, seed: int, overrides: list[str]) -> Path:
     run_dir = out / f"{rule}_s{seed}"
     if (run_dir / "report.json").is_file():
+        return run_dir
+    if (run_dir / "metrics.jsonl").is_file():  # another sweep is running it, or it crashed: never run twice
+        print(f"skipping {run_dir}: started but unfinished (delete the directory to run it again)")
         return run_dir
     cmd = [str(Path(sys.executable).parent / "feedbackrl"), "label", "online", str(ROOT / "recipes" / "online_rm.toml"),
            "--out", str(run_dir), "--set", f"online.selection={rule}", "--set", f"train.seed={seed}"]
@@ -57,9 +61,11 @@ def label_stats(run_dir: Path, temperature: float = 0.05) -> dict[int, dict[str,
     from feedbackrl.data.labeller import choice_probability, reverse_gold
     from feedbackrl.rewards.verdict import Problem
 
+    project = json.loads((run_dir / "report.json").read_text())["project_id"]
     con = sqlite3.connect(f"file:{run_dir / 'labels.db'}?mode=ro", uri=True)
     per_round: dict[int, list[tuple[float, float, float, float]]] = defaultdict(list)
-    for prompt, responses, meta in con.execute("SELECT prompt, responses, meta FROM items ORDER BY id"):
+    for prompt, responses, meta in con.execute("SELECT prompt, responses, meta FROM items WHERE project_id = ? "
+                                               "ORDER BY id", (project,)):
         (a, b), meta = json.loads(responses), json.loads(meta)
         problem = Problem(prompt, prompt.removesuffix("=")[::-1])
         g_a, g_b = reverse_gold(problem, a), reverse_gold(problem, b)
