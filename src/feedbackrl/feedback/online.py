@@ -382,7 +382,7 @@ def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: Pre
 
     def retrain(rows: Pairs) -> dict[str, float]:
         torch.manual_seed(cfg.train.seed)
-        rm = build_reward_model(policy)
+        rm = build_reward_model(policy, cfg.algo.kind, cfg.algo.head)
         pairs = with_gold(rows, problems, task)
         if pairs:
             # no held-out set inside: it would be scored after every epoch; once per round is enough
