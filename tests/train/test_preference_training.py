@@ -84,7 +84,7 @@ def test_dpo_without_a_reference_uses_the_policy_before_training(tiny_model_dir)
 def test_gradient_accumulation_8x1_equals_1x8(tiny_model_dir, monkeypatch, loss, make):
     # Plain SGD with lr 1 makes the parameter change exactly minus the gradient (AdamW's first
     # step would hide gradient differences behind its sign-like normalisation).
-    monkeypatch.setattr(torch.optim, "AdamW", lambda params, lr, weight_decay: torch.optim.SGD(params, lr=1.0))
+    monkeypatch.setattr(preference, "adamw", lambda params, lr, weight_decay=0.0: torch.optim.SGD(params, lr=1.0))
     tok = load_tokenizer(str(tiny_model_dir))
     base = load_policy(str(tiny_model_dir)).state_dict()
     deltas = []

@@ -35,6 +35,7 @@ from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.reward import Calibration, RewardModel, encode_texts, score_texts
 from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
 from feedbackrl.train.offline import encode_completions
+from feedbackrl.train.optim import adamw
 
 Ranked = tuple[str, list[str]]  # (prompt, responses best first)
 
@@ -102,7 +103,7 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
                        sink: MetricsSink) -> dict[str, float]:
     """Bradley-Terry training for `cfg.epochs`; returns the final held-out metrics."""
     labels = safety_labels(train)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    optimizer = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     order_rng = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     schedule = linear_decay(optimizer, cfg.epochs * steps_per_epoch)
@@ -195,7 +196,7 @@ def train_dpo(cfg: DPOConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
         raise ValueError(f"algo.loss={cfg.loss!r} needs pairs; got rankings of up to "
                          f"{max(len(r) for _, r in data)} responses (use algo.loss = 'pro')")
     ref_lp = reference_logprobs(reference if reference is not None else model, tokenizer, data)  # (N, k)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    optimizer = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     order_rng = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
     schedule = linear_decay(optimizer, cfg.epochs * steps_per_epoch)
