@@ -253,17 +253,20 @@ def build_config(data: dict[str, Any], source: str = "recipe") -> RunConfig:
         raise ConfigError(_format_validation_error(e, source)) from None
 
 
+def read_recipe(path: str | Path | None) -> tuple[dict[str, Any], str]:
+    """A TOML recipe as a dict, and its name for error messages; ({}, "defaults") without a path."""
+    if path is None:
+        return {}, "defaults"
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text()), str(path)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {e}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read a TOML recipe (or start from defaults), apply dotted overrides, validate."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"recipe {str(path)!r} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {e}") from None
-        source = str(path)
+    data, source = read_recipe(path)
     return build_config(apply_overrides(data, overrides or []), source)

@@ -36,7 +36,6 @@ import json
 import random
 import threading
 import time
-import tomllib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from feedbackrl.config import (
     TrainConfig,
     _format_validation_error,
     apply_overrides,
+    read_recipe,
 )
 from feedbackrl.data.labeller import Labeller, gold_score_for, label_ceiling, label_rows, sample_candidates
 from feedbackrl.data.preferences import PreferencePair, load_preference_pairs
@@ -106,17 +106,7 @@ class OnlineRunConfig(Section):
 
 def load_online_config(path: str | Path | None = None, overrides: list[str] | None = None) -> OnlineRunConfig:
     """A TOML recipe (or the defaults) plus dotted overrides -> validated config; ConfigError otherwise."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"recipe {str(path)!r} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {e}") from None
-        source = str(path)
+    data, source = read_recipe(path)
     data = apply_overrides(data, overrides or [])
     if isinstance(data.get("algo"), dict):
         data["algo"] = {"name": "reward_model", **data["algo"]}
