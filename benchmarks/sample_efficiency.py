@@ -33,22 +33,13 @@ from typing import Any
 
 import torch
 
+from feedbackrl.log import MemorySink
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RECIPE = HERE.parent / "recipes" / "reverse_grpo.toml"
 PLOT = HERE.parent / "docs" / "sample_efficiency.png"
 THRESHOLDS = (0.5, 0.6, 0.7, 0.75)
-
-
-class Rows:
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        self.rows.append({"step": step, **metrics})
-
-    def close(self) -> None:
-        pass
 
 
 def heldout_accuracy(model: Any, tokenizer: Any, task: Any, cfg: Any) -> float:
@@ -67,7 +58,7 @@ def build_sft(cfg: Any, out: Path) -> Path:
 
     base = make_tiny(out / "base", cfg.model.size, cfg.model.init_seed)
     model, tokenizer = load_policy(str(base)), load_tokenizer(str(base))
-    sft_warmstart(model, tokenizer, make_task(cfg.task), cfg.sft, cfg.train.seed, Rows())
+    sft_warmstart(model, tokenizer, make_task(cfg.task), cfg.sft, cfg.train.seed, MemorySink())
     model.save_pretrained(out / "sft")
     tokenizer.save_pretrained(out / "sft")
     return out / "sft"
@@ -93,7 +84,7 @@ def run_ours(cfg: Any, sft: Path, seed: int, steps: int, every: int) -> list[tup
         return {}
 
     with tempfile.TemporaryDirectory() as out:
-        train_grpo(run_cfg, model, tokenizer, task, Path(out), Rows(), on_eval=on_eval)
+        train_grpo(run_cfg, model, tokenizer, task, Path(out), MemorySink(), on_eval=on_eval)
     curve.append((steps, heldout_accuracy(model, tokenizer, task, run_cfg)))
     return curve
 

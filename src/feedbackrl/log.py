@@ -64,6 +64,24 @@ class TensorBoardSink:
         self._w.close()
 
 
+class MemorySink:
+    """Keeps every (step, metrics) row in memory: for tests, notebooks and scripts that drive a loop."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, Any]]] = []
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.rows.append((step, metrics))
+
+    @property
+    def by_step(self) -> dict[int, dict[str, Any]]:
+        """The last row logged at each step."""
+        return dict(self.rows)
+
+    def close(self) -> None:
+        pass
+
+
 class MultiSink:
     def __init__(self, sinks: list[MetricsSink]) -> None:
         self.sinks = sinks

@@ -9,20 +9,10 @@ from pathlib import Path
 
 from feedbackrl.config import RunConfig, build_config
 from feedbackrl.envs.adaptive import AdaptiveTask, adaptive_reverse
+from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.train.checkpoint import load_trainer_state
 from feedbackrl.train.online import train_grpo
-
-
-class Rows:
-    def __init__(self) -> None:
-        self.rows: dict[int, dict] = {}
-
-    def log(self, step: int, metrics: dict) -> None:
-        self.rows[step] = metrics
-
-    def close(self) -> None:
-        pass
 
 
 def config(steps: int) -> RunConfig:
@@ -38,16 +28,16 @@ def task() -> AdaptiveTask:
 
 def test_controller_state_is_checkpointed_and_resumed(tiny_model_dir: Path, tmp_path: Path) -> None:
     model, tokenizer = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
-    first, rows = task(), Rows()
+    first, rows = task(), MemorySink()
     train_grpo(config(3), model, tokenizer, first, tmp_path / "run", rows)
-    assert [rows.rows[s]["task/difficulty"] for s in (1, 2, 3)] == [4, 3, 3], rows.rows
+    assert [rows.by_step[s]["task/difficulty"] for s in (1, 2, 3)] == [4, 3, 3], rows.by_step
 
     ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
     saved = load_trainer_state(ckpt).task_state
     assert saved == {"controller": {"level": 3, "recent": []}}, saved  # just moved: window restarted
 
-    resumed, rows = task(), Rows()
+    resumed, rows = task(), MemorySink()
     assert resumed.difficulty == 5
     train_grpo(config(3), load_policy(str(ckpt)), tokenizer, resumed, tmp_path / "run", rows, resume_from=ckpt)
-    assert sorted(rows.rows) == [3] and rows.rows[3]["task/difficulty"] == 3
+    assert sorted(rows.by_step) == [3] and rows.by_step[3]["task/difficulty"] == 3
     assert resumed.state_dict() == first.state_dict() == {"controller": {"level": 3, "recent": [False] * 4}}

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from feedbackrl.config import RunConfig, build_config
 from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.train.checkpoint import (
@@ -71,30 +72,19 @@ def train(model_dir: Path, out: Path, steps: int, sink, resume_from: Path | None
     return model
 
 
-class Rows:
-    def __init__(self) -> None:
-        self.rows: dict[int, dict] = {}
-
-    def log(self, step: int, metrics: dict) -> None:
-        self.rows[step] = metrics
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def full_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """4 uninterrupted steps: (final parameters, metrics by step, run dir)."""
-    out, rows = tmp_path_factory.mktemp("full"), Rows()
+    out, rows = tmp_path_factory.mktemp("full"), MemorySink()
     model = train(tiny_model_dir, out, 4, rows)
-    return {k: v.clone() for k, v in model.state_dict().items()}, rows.rows, out
+    return {k: v.clone() for k, v in model.state_dict().items()}, rows.by_step, out
 
 
 @pytest.fixture(scope="module")
 def half_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same run stopped after 2 steps (it checkpoints at step 2). Copy before writing into it."""
     out = tmp_path_factory.mktemp("half")
-    train(tiny_model_dir, out, 2, Rows())
+    train(tiny_model_dir, out, 2, MemorySink())
     return out
 
 
@@ -112,14 +102,14 @@ def test_resume_is_bit_exact(full_run, half_run: Path, tmp_path: Path, into: str
     ckpt = resolve_resume(run)
     assert ckpt.name == "step_000002"
     torch.manual_seed(12345)  # a fresh process would start from other global RNG state
-    rows = Rows()
+    rows = MemorySink()
     out = run if into == "same-run-dir" else tmp_path / "elsewhere"
     model = train(ckpt, out, 4, rows, resume_from=ckpt)  # model reloaded from the checkpoint dir
     assert_same_parameters(model.state_dict(), want)
-    assert sorted(rows.rows) == [3, 4]
+    assert sorted(rows.by_step) == [3, 4]
     for step in (3, 4):
         for key in ("reward/mean", "loss/policy", "kl/mean", "clip_frac"):
-            assert rows.rows[step][key] == full_rows[step][key], (step, key)
+            assert rows.by_step[step][key] == full_rows[step][key], (step, key)
 
 
 def test_the_resumed_run_exercises_every_path(full_run, tiny_model_dir: Path):
@@ -187,7 +177,7 @@ def test_resume_with_kl_needs_the_runs_frozen_reference(half_run: Path, tmp_path
     # silently freezing the resumed policy as the reference.
     ckpt = shutil.copytree(half_run / "checkpoints" / "step_000002", tmp_path / "a" / "b" / "step_000002")
     with pytest.raises(CheckpointError, match="frozen reference"):
-        train(ckpt, tmp_path / "out", 4, Rows(), resume_from=ckpt)
+        train(ckpt, tmp_path / "out", 4, MemorySink(), resume_from=ckpt)
 
 
 def test_min_new_tokens_reaches_the_rollouts(peaked_lm, tokenizer, tmp_path: Path):
@@ -198,7 +188,7 @@ def test_min_new_tokens_reaches_the_rollouts(peaked_lm, tokenizer, tmp_path: Pat
                     "temperature": 5.0},
         "algo": {"steps": 1}, "train": {"checkpoint_every": 0},
     })
-    rows = Rows()
+    rows = MemorySink()
     train_grpo(cfg, copy.deepcopy(peaked_lm), tokenizer, ShapedAddition(), tmp_path, rows)
-    assert rows.rows[1]["rollout/len_mean"] == 6.0
-    assert rows.rows[1]["rollout/truncated_frac"] == 1.0
+    assert rows.by_step[1]["rollout/len_mean"] == 6.0
+    assert rows.by_step[1]["rollout/truncated_frac"] == 1.0

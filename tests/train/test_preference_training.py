@@ -12,6 +12,7 @@ from feedbackrl.config import DPOConfig, RewardModelConfig, build_config
 from feedbackrl.data.labeller import Labeller, label_rows, reverse_gold, reverse_harm
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.envs.procedural.reverse import ReverseTask
+from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.reward import build_reward_model, save_reward_model
 from feedbackrl.rewards.learned import LearnedReward
@@ -21,17 +22,6 @@ from feedbackrl.train import preference
 from feedbackrl.train.online import ADVANTAGES, train_grpo
 from feedbackrl.train.ppo import VALUE_HEAD_FILE, logprobs_and_values, make_value_head, train_ppo
 from feedbackrl.train.rlhf import gold_comparison, make_scorer
-
-
-class Rows:
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, dict]] = []
-
-    def log(self, step: int, metrics: dict) -> None:
-        self.rows.append((step, metrics))
-
-    def close(self) -> None:
-        pass
 
 
 def reverse_pairs(n: int, seed: int = 0, heldout: bool = False) -> list[PreferencePair]:
@@ -57,7 +47,7 @@ def test_dpo_reference_logprobs_are_computed_once(tiny_model_dir):
     policy.register_forward_hook(lambda module, args, out: policy_calls.append(1))
     pairs = reverse_pairs(10)
     cfg = DPOConfig(epochs=3, batch_size=4, lr=1e-3)
-    preference.train_dpo(cfg, policy, tok, pairs, seed=0, sink=Rows(), reference=reference)
+    preference.train_dpo(cfg, policy, tok, pairs, seed=0, sink=MemorySink(), reference=reference)
     # 10 pairs fit one reference batch (256): one forward, although 3 epochs x 3 batches ran
     assert len(calls) == 1
     assert len(policy_calls) == 9  # 3 epochs x ceil(10 / 4) batches, one forward each
@@ -75,7 +65,7 @@ def test_dpo_without_a_reference_uses_the_policy_before_training(tiny_model_dir)
         return seen["ref"]
 
     pytest.MonkeyPatch().setattr(preference, "reference_logprobs", spy)
-    preference.train_dpo(DPOConfig(epochs=1, batch_size=6), policy, tok, reverse_pairs(6), 0, Rows())
+    preference.train_dpo(DPOConfig(epochs=1, batch_size=6), policy, tok, reverse_pairs(6), 0, MemorySink())
     torch.testing.assert_close(seen["ref"], expected)
 
 
@@ -91,7 +81,8 @@ def test_gradient_accumulation_8x1_equals_1x8(tiny_model_dir, monkeypatch, loss,
     for accum in (1, 8):
         model = load_policy(str(tiny_model_dir))
         cfg = DPOConfig(loss=loss, epochs=1, batch_size=8, grad_accum=accum, beta=0.5, max_grad_norm=1e9)
-        preference.train_dpo(cfg, model, tok, make(), seed=0, sink=Rows(), reference=load_policy(str(tiny_model_dir)))
+        preference.train_dpo(cfg, model, tok, make(), seed=0, sink=MemorySink(),
+                             reference=load_policy(str(tiny_model_dir)))
         deltas.append({k: v - base[k] for k, v in model.state_dict().items()})
     # the reference is the initial policy, so the first step's gradient is the loss's gradient at h = 0: nonzero,
     # up to ~0.3 per parameter; float32 summation order differs by ~2e-7 between the two
@@ -103,7 +94,7 @@ def test_gradient_accumulation_8x1_equals_1x8(tiny_model_dir, monkeypatch, loss,
 def test_dpo_rejects_rankings_for_a_pairwise_loss(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
     with pytest.raises(ValueError, match="use algo.loss = 'pro'"):
-        preference.train_dpo(DPOConfig(loss="dpo"), load_policy(str(tiny_model_dir)), tok, rankings(2), 0, Rows())
+        preference.train_dpo(DPOConfig(loss="dpo"), load_policy(str(tiny_model_dir)), tok, rankings(2), 0, MemorySink())
 
 
 def test_short_reward_model_training_beats_chance_on_heldout_pairs(tiny_model_dir):
@@ -113,7 +104,7 @@ def test_short_reward_model_training_beats_chance_on_heldout_pairs(tiny_model_di
     train, held = reverse_pairs(512), reverse_pairs(128, heldout=True)
     before = preference.heldout_metrics(rm, tok, held)["rm/heldout_accuracy"]
     cfg = RewardModelConfig(epochs=1, batch_size=16, lr=1e-3)
-    after = preference.train_reward_model(cfg, rm, tok, train, held, seed=0, sink=Rows())["rm/heldout_accuracy"]
+    after = preference.train_reward_model(cfg, rm, tok, train, held, seed=0, sink=MemorySink())["rm/heldout_accuracy"]
     assert after >= 0.8, f"held-out pairwise accuracy {before:.3f} -> {after:.3f} after 32 steps; want >= 0.8"
     assert rm.calibration.scale > 0
 
@@ -141,7 +132,7 @@ def test_short_cost_model_training_beats_chance_and_learns_the_safe_side(tiny_mo
     train, held = cost_pairs(512), cost_pairs(128, heldout=True)
     before = preference.heldout_metrics(model, tok, held)
     cfg = RewardModelConfig(kind="cost", epochs=1, batch_size=16, lr=1e-3)
-    rows = Rows()
+    rows = MemorySink()
     after = preference.train_reward_model(cfg, model, tok, train, held, seed=0, sink=rows)
     assert "loss/rm_safety" in rows.rows[1][1]  # the safety-labelled pairs train with the Safe RLHF loss
     for key in ("rm/heldout_accuracy", "rm/heldout_safety_accuracy"):
@@ -188,7 +179,7 @@ def test_online_rl_against_a_learned_reward_logs_proxy_and_gold(tiny_model_dir, 
     cfg = online_config(name, reward_model_dir)
     model, tok = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     task = ReverseTask()
-    rows = Rows()
+    rows = MemorySink()
     scorer = make_scorer(cfg, task, reverse_gold)
     if name == "ppo":
         train_ppo(cfg, model, tok, task, tmp_path, rows, scorer)
