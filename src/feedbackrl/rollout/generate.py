@@ -119,7 +119,16 @@ class _LlamaDecoder:
 
     The same maths as transformers' Llama/Qwen2 modelling code: RMSNorm, RoPE via rotate_half,
     softmax attention, SiLU-gated MLP, residuals. Differences are float rounding only (fused
-    matmuls, `F.rms_norm`); tests/rollout check greedy decoding against HF `generate`.
+    matmuls, norm weights folded into the next matmul); tests/rollout check greedy decoding
+    against HF `generate`.
+
+    A decode step for a small model is a few dozen small ops, so the cost is per op (dispatch,
+    allocation, cache misses): activations are 2-D (N * S, C) and every matmul reads a weight stored
+    transposed and contiguous, (in, out) (MKL is ~2x slower on the (out, in) layout for the
+    down projection); each RMSNorm is one per-row scale r = rsqrt(sum(x^2) + C * eps) with
+    sqrt(C) * w folded into the following matmul's weight; residuals are added by the matmul
+    itself (`addmm_`); RoPE writes the rotated q and k back into the qkv output so one copy puts
+    k and v into the cache.
     """
 
     def __init__(self, model: PreTrainedModel, prompt_mask: Tensor, max_new_tokens: int) -> None:
@@ -129,24 +138,42 @@ class _LlamaDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scale = self.head_dim**-0.5  # as LlamaAttention.scaling
         self.gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
-        self.eps, self.embed, self.norm = cfg.rms_norm_eps, inner.embed_tokens.weight, inner.norm.weight
-        self.lm_head = model.get_output_embeddings().weight
+        self.embed = inner.embed_tokens.weight
+        c = self.embed.shape[1]
+        # rms_norm(x) * w @ W.T == r * x @ (sqrt(C) * w[:, None] * W.T) with r = rsqrt(sum(x^2) + C * eps)
+        self.c_eps = torch.tensor(c * cfg.rms_norm_eps, dtype=self.embed.dtype)
+
+        def folded(norm: Tensor, *linears: nn.Linear) -> Tensor:  # (in, out), contiguous
+            return (torch.cat([m.weight for m in linears]) * (norm * c**0.5)).t().contiguous()
+
+        def plain(m: nn.Linear) -> Tensor:
+            return m.weight.t().contiguous()
+
+        # RoPE as one complex multiply: within each q/k head, output columns reordered so that the pair
+        # rotate_half mixes, (i, i + D/2), is adjacent: (x_i + j x_{i+D/2}) * (cos_i + j sin_i) is
+        # rotate_half's RoPE. q.k is a sum over the head dim, so the same reorder of q and k (the cache
+        # holds reordered keys) leaves the scores unchanged; v is not reordered.
+        d, half = self.head_dim, self.head_dim // 2
+        order = torch.arange(d).view(2, half).t().reshape(-1)
+        qk_rows = torch.cat([torch.arange(i * d, (i + 1) * d)[order] for i in range(self.heads + self.kv_heads)])
+        rows = torch.cat([qk_rows, torch.arange(len(qk_rows), (self.heads + 2 * self.kv_heads) * d)])
         self.layers = []
-        for layer in inner.layers:  # fused copies: weights change between rollouts, so rebuilt per call
+        for layer in inner.layers:  # copies: weights change between rollouts, so rebuilt per call
             at, mlp = layer.self_attn, layer.mlp
-            qkv = (at.q_proj, at.k_proj, at.v_proj)
+            b_qkv = _cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
             self.layers.append((
-                layer.input_layernorm.weight, torch.cat([m.weight for m in qkv]), _cat_or_none([m.bias for m in qkv]),
-                at.o_proj.weight, at.o_proj.bias, layer.post_attention_layernorm.weight,
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                _cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), mlp.down_proj.weight, mlp.down_proj.bias))
+                folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj)[:, rows].contiguous(),
+                None if b_qkv is None else b_qkv[rows], plain(at.o_proj), at.o_proj.bias,
+                folded(layer.post_attention_layernorm.weight, mlp.gate_proj, mlp.up_proj),
+                _cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), plain(mlp.down_proj), mlp.down_proj.bias))
+        self.lm_head = folded(inner.norm.weight, model.get_output_embeddings())
         total = p + max_new_tokens
-        self.cache = self.embed.new_empty(len(self.layers), 2, n, self.kv_heads, total, self.head_dim)
+        self.cache = self.embed.new_empty(len(self.layers), 2, n, self.kv_heads, total, d)
         # RoPE for every position this call can reach, from the model's own rotary module
-        cos, sin = inner.rotary_emb(self.embed, torch.arange(total)[None])
-        half = self.head_dim // 2
-        # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: one op instead of slice, neg, cat
-        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        cos, sin = (t[0] for t in inner.rotary_emb(self.embed, torch.arange(total)[None]))
+        if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
+            raise ValueError("RoPE tables are not cat(freqs, freqs): _fast_path_ok should have refused this model")
+        self.rot = torch.complex(cos[:, :half], sin[:, :half])  # (P + T, D/2)
         # Attention masks, built once. Without prompt padding every key is visible: no mask at all,
         # which is exact and lets SDPA skip reading one (about 2x faster attention for one query).
         self.padded = not bool(prompt_mask.all())
@@ -162,28 +189,37 @@ class _LlamaDecoder:
             return {"attn_mask": self.prefill_mask} if self.padded else {"is_causal": True}
         return {"attn_mask": self.keep[..., : self.seen]} if self.padded else {}
 
+    def _normed(self, x: Tensor) -> Tensor:
+        """x * rsqrt(sum(x^2) + C * eps) per row: RMSNorm up to the sqrt(C) * w folded into the next matmul."""
+        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        return x * torch.addcmul(self.c_eps, r, r).rsqrt_()
+
     def __call__(self, tokens: Tensor, pos: Tensor) -> Tensor:
         n, s = tokens.shape
         start, self.seen = self.seen, self.seen + s
         h, hk, d = self.heads, self.kv_heads, self.head_dim
         mask = self._mask(start)
-        cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # (N, S, 1, D)
-        x = F.embedding(tokens, self.embed)
-        for (w_in, w_qkv, b_qkv, w_o, b_o, w_post, w_gu, b_gu, w_down, b_down), kv in zip(
-                self.layers, self.cache, strict=True):
-            y = F.rms_norm(x, (x.shape[-1],), w_in, self.eps)
-            qkv = F.linear(y, w_qkv, b_qkv).view(n, s, h + 2 * hk, d)
-            qk = qkv[:, :, : h + hk]
-            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-            kv[0, :, :, start : self.seen] = qk[:, :, h:].transpose(1, 2)
-            kv[1, :, :, start : self.seen] = qkv[:, :, h + hk :].transpose(1, 2)
-            att = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), kv[0, :, :, : self.seen],
-                                                 kv[1, :, :, : self.seen], scale=self.scale, **mask,
-                                                 **self.gqa)
-            x = x + F.linear(att.transpose(1, 2).reshape(n, s, h * d), w_o, b_o)
-            gate, up = F.linear(F.rms_norm(x, (x.shape[-1],), w_post, self.eps), w_gu, b_gu).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w_down, b_down)
-        return F.linear(F.rms_norm(x[:, -1], (x.shape[-1],), self.norm, self.eps), self.lm_head)
+        rot = self.rot[pos].view(n * s, 1, d // 2)
+        x = F.embedding(tokens.reshape(n * s), self.embed)  # (N * S, C)
+        for (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down), kv in zip(self.layers, self.cache, strict=True):
+            y = self._normed(x)
+            qkv = torch.mm(y, w_qkv) if b_qkv is None else torch.addmm(b_qkv, y, w_qkv)  # (N * S, (H + 2 Hkv) D)
+            torch.view_as_complex(qkv[:, : (h + hk) * d].view(n * s, h + hk, d // 2, 2)).mul_(rot)  # RoPE, in place
+            # k and v sit side by side in qkv: one copy into the cache (2, N, Hkv, S, D)
+            kv[:, :, :, start : self.seen] = qkv[:, h * d :].view(n, s, 2, hk, d).permute(2, 0, 3, 1, 4)
+            q = qkv[:, : h * d].view(n, s, h, d).transpose(1, 2)
+            att = F.scaled_dot_product_attention(q, kv[0, :, :, : self.seen], kv[1, :, :, : self.seen],
+                                                 scale=self.scale, **mask, **self.gqa)
+            x.addmm_(att.transpose(1, 2).reshape(n * s, h * d), w_o)
+            if b_o is not None:
+                x += b_o
+            y = self._normed(x)
+            gu = torch.mm(y, w_gu) if b_gu is None else torch.addmm(b_gu, y, w_gu)
+            inter = gu.shape[1] // 2
+            x.addmm_(F.silu(gu[:, :inter]).mul_(gu[:, inter:]), w_down)
+            if b_down is not None:
+                x += b_down
+        return torch.mm(self._normed(x.view(n, s, -1)[:, -1]), self.lm_head)
 
 
 def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: int | None,
