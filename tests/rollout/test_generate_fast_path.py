@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from feedbackrl.rollout import generate as gen_mod
-from feedbackrl.rollout.generate import _fast_path_ok, _sample, generate, sequence_logprobs
+from feedbackrl.rollout.generate import _empty_huge_pages, _fast_path_ok, _sample, generate, sequence_logprobs
 
 PROMPTS = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!"]  # different lengths: left padding
 
@@ -129,3 +129,12 @@ def test_sequence_logprobs_ignore_completion_padding(peaked_lm, tokenizer):
         got, _ = sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
                                    temperature=5.0)
     torch.testing.assert_close(got, want * ro.completion_mask, rtol=0, atol=1e-5)
+
+
+def test_huge_page_buffers_are_plain_writable_tensors():
+    # 6 MB takes the mmap branch (the KV cache), 80 bytes plain torch.empty; both behave as torch.empty.
+    for shape in [(3, 1 << 19), (4, 5)]:
+        t = _empty_huge_pages(shape, torch.float32)
+        assert t.shape == shape and t.dtype == torch.float32 and t.is_contiguous()
+        t.fill_(2.0)
+        assert t.sum().item() == 2.0 * t.numel()

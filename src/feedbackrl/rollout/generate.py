@@ -20,7 +20,10 @@ sampled from, before top-p filtering and EOS suppression (`min_new_tokens`), mat
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +117,24 @@ def _cat_or_none(tensors: list[Tensor | None]) -> Tensor | None:
     return None if any(t is None for t in tensors) else torch.cat(tensors)
 
 
+def _empty_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """An uninitialised CPU tensor in a fresh anonymous mapping that Linux may back with 2 MB pages.
+
+    The KV cache is larger than the caches of this CPU and every decode step reads it all, a few KB
+    per (row, head) at a time: with 4 KB pages most of those reads also miss the TLB. Transparent
+    huge pages (granted on request where the system's setting is `madvise`, the common default)
+    make the decode step ~1.1x faster on the tiny model. Elsewhere this is a plain `torch.empty`.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < 4 << 20 or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(shape, dtype=dtype)
+    # private (a shared anonymous mapping is shmem, which THP leaves alone) and untouched: pages come on first write
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # THP compiled out of this kernel: 4 KB pages
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)  # the tensor keeps the mapping alive
+
+
 class _LlamaDecoder:
     """`LlamaForCausalLM.forward` with a preallocated KV cache (N, Hkv, P + T, D) per layer.
 
@@ -168,7 +189,8 @@ class _LlamaDecoder:
                 _cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), plain(mlp.down_proj), mlp.down_proj.bias))
         self.lm_head = folded(inner.norm.weight, model.get_output_embeddings())
         total = p + max_new_tokens
-        self.cache = self.embed.new_empty(len(self.layers), 2, n, self.kv_heads, total, d)
+        cache = _empty_huge_pages((len(self.layers), 2, n, self.kv_heads, total, d), self.embed.dtype)
+        self.cache = [(c, c[0], c[1]) for c in cache]  # per layer: (k and v, k, v), each (N, Hkv, P + T, D)
         # RoPE for every position this call can reach, from the model's own rotary module
         cos, sin = (t[0] for t in inner.rotary_emb(self.embed, torch.arange(total)[None]))
         if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
@@ -201,22 +223,23 @@ class _LlamaDecoder:
         mask = self._mask(start)
         rot = self.rot[pos].view(n * s, 1, d // 2)
         x = F.embedding(tokens.reshape(n * s), self.embed)  # (N * S, C)
-        for (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down), kv in zip(self.layers, self.cache, strict=True):
+        for (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down), (kv, k, v) in zip(self.layers, self.cache,
+                                                                                   strict=True):
             y = self._normed(x)
             qkv = torch.mm(y, w_qkv) if b_qkv is None else torch.addmm(b_qkv, y, w_qkv)  # (N * S, (H + 2 Hkv) D)
             torch.view_as_complex(qkv[:, : (h + hk) * d].view(n * s, h + hk, d // 2, 2)).mul_(rot)  # RoPE, in place
             # k and v sit side by side in qkv: one copy into the cache (2, N, Hkv, S, D)
             kv[:, :, :, start : self.seen] = qkv[:, h * d :].view(n, s, 2, hk, d).permute(2, 0, 3, 1, 4)
             q = qkv[:, : h * d].view(n, s, h, d).transpose(1, 2)
-            att = F.scaled_dot_product_attention(q, kv[0, :, :, : self.seen], kv[1, :, :, : self.seen],
-                                                 scale=self.scale, **mask, **self.gqa)
+            att = F.scaled_dot_product_attention(q, k[:, :, : self.seen], v[:, :, : self.seen], scale=self.scale,
+                                                 **mask, **self.gqa)
             x.addmm_(att.transpose(1, 2).reshape(n * s, h * d), w_o)
             if b_o is not None:
                 x += b_o
             y = self._normed(x)
             gu = torch.mm(y, w_gu) if b_gu is None else torch.addmm(b_gu, y, w_gu)
             inter = gu.shape[1] // 2
-            x.addmm_(F.silu(gu[:, :inter]).mul_(gu[:, inter:]), w_down)
+            x.addmm_(F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:]), w_down)
             if b_down is not None:
                 x += b_down
         return torch.mm(self._normed(x.view(n, s, -1)[:, -1]), self.lm_head)
