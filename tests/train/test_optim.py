@@ -33,3 +33,22 @@ def test_fused_adamw_state_round_trips():
     opt.step()
     again.step()
     assert torch.equal(p, q)
+
+
+def test_state_is_allocated_up_front_and_updates_match_lazy_fused_adamw():
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(3, 5))
+    b = torch.nn.Parameter(a.detach().clone())
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    eager = adamw([a, frozen], lr=1e-2, weight_decay=0.1)
+    lazy = torch.optim.AdamW([b], lr=1e-2, weight_decay=0.1, fused=True)
+    assert set(eager.state[a]) == {"step", "exp_avg", "exp_avg_sq"} and frozen not in eager.state
+    assert len(lazy.state) == 0
+    for _ in range(5):
+        g = torch.randn(3, 5)
+        a.grad, b.grad = g.clone(), g.clone()
+        eager.step()
+        lazy.step()
+    assert torch.equal(a, b)
+    for k, v in lazy.state[b].items():
+        assert torch.equal(eager.state[a][k], v) and eager.state[a][k].dtype == v.dtype, k
