@@ -62,7 +62,7 @@ def run_feedbackrl(args: argparse.Namespace) -> dict[str, Any]:
         "algo": {"name": "grpo", "steps": args.steps, "lr": LR, "kl_coef": 0.0, "epochs": 1, "minibatches": 1,
                  "clip_low": 0.2, "clip_high": 0.2, "max_grad_norm": 1.0, "weight_decay": 0.0,
                  "aggregation": "token_mean", "scale_advantages": True},
-        "train": {"seed": 0, "checkpoint_every": 0},
+        "train": {"seed": 0, "checkpoint_every": 0, "micro_batch_size": args.micro_batch_size},
     })
     model, tokenizer = load_policy(args.model), load_tokenizer(args.model)
     lock = LockStep()
@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--length", type=int, required=True, help="L: completion tokens (EOS suppressed)")
     ap.add_argument("--steps", type=int, required=True, help="all steps, warm-up included")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--micro-batch-size", type=int, default=0,
+                    help="feedbackrl: train.micro_batch_size (0 = all 64 completions in one forward/backward)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     setup_threads(args.threads)

@@ -99,6 +99,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
+    micro = cfg.train.micro_batch_size  # 0: each minibatch in one forward/backward
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
@@ -142,28 +143,41 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             model.train()
             for _ in range(a.epochs):
                 for idx in _chunks(B * G, a.minibatches, sample_rng):
-                    mb = [t[idx] for t in batch]
-                    logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
-                    old = old_lp[idx] if old_lp is not None else logprobs.detach()
-                    pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[idx], mask[idx], a.clip_low, a.clip_high)
-                    per_token = pg
-                    kl = torch.zeros_like(pg)
-                    if ref_lp is not None:
-                        kl = kl_k3(logprobs, ref_lp[idx])
-                        per_token = pg + a.kl_coef * kl
-                    loss = aggregate(per_token, mask[idx], max_len=ro_cfg.max_new_tokens)
-                    loss.backward()
+                    mb_mask = mask[idx]
+                    # the loss's normalisers are the whole minibatch's, so summing the micro-batches'
+                    # losses (gradient accumulation) gives the minibatch's gradient
+                    norm = {"num_tokens": float(mb_mask.sum()), "num_sequences": float(len(idx)),
+                            "max_len": ro_cfg.max_new_tokens}
+                    parts: dict[str, list[torch.Tensor]] = {"pg": [], "kl": [], "entropy": [], "clipped": []}
+                    for sub in idx.split(micro or len(idx)):
+                        mb = [t[sub] for t in batch]
+                        logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
+                        old = old_lp[sub] if old_lp is not None else logprobs.detach()
+                        pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
+                                                       a.clip_high)
+                        per_token = pg
+                        kl = torch.zeros_like(pg)
+                        if ref_lp is not None:
+                            kl = kl_k3(logprobs, ref_lp[sub])
+                            per_token = pg + a.kl_coef * kl
+                        aggregate(per_token, mask[sub], **norm).backward()
+                        parts["pg"].append(pg.detach())
+                        parts["kl"].append(kl.detach())
+                        parts["entropy"].append(entropy)
+                        parts["clipped"].append(pg_stats["clip_frac"] * mask[sub].sum().clamp(min=1.0))
+                        del logprobs, entropy, pg, kl, per_token  # this micro-batch's graph goes now
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
                     optimizer.step()
                     # free the gradients now, not before the next backward: they would otherwise sit in
                     # memory through the next rollout (a model's worth of floats at peak RSS)
                     optimizer.zero_grad(set_to_none=True)
-                    n_tok = mask[idx].sum().clamp(min=1)
-                    stats["loss/policy"].append(aggregate(pg.detach(), mask[idx], max_len=ro_cfg.max_new_tokens).item())
-                    stats["loss/kl"].append(aggregate(kl.detach(), mask[idx], max_len=ro_cfg.max_new_tokens).item())
-                    stats["kl/mean"].append(((kl.detach() * mask[idx]).sum() / n_tok).item())
-                    stats["entropy/mean"].append(((entropy * mask[idx]).sum() / n_tok).item())
-                    stats["clip_frac"].append(pg_stats["clip_frac"].item())
+                    pg, kl, entropy = (torch.cat(parts[k]) for k in ("pg", "kl", "entropy"))
+                    n_tok = mb_mask.sum().clamp(min=1)
+                    stats["loss/policy"].append(aggregate(pg, mb_mask, max_len=ro_cfg.max_new_tokens).item())
+                    stats["loss/kl"].append(aggregate(kl, mb_mask, max_len=ro_cfg.max_new_tokens).item())
+                    stats["kl/mean"].append(((kl * mb_mask).sum() / n_tok).item())
+                    stats["entropy/mean"].append(((entropy * mb_mask).sum() / n_tok).item())
+                    stats["clip_frac"].append((sum(parts["clipped"]) / n_tok).item())
                     stats["grad_norm"].append(float(grad_norm))
             # 5. log
             dt = time.perf_counter() - t0
