@@ -38,6 +38,25 @@ def test_active_takes_the_least_certain_prompts_in_order():
     assert chosen.tolist() == [2, 0] and pairs.tolist() == [[1, 2], [0, 1]]
 
 
+def test_contrast_takes_random_prompts_and_their_most_distinct_pair():
+    for seed in range(5):
+        rand, _ = choose_pairs("random", SCORES, MASK, 2, torch.Generator().manual_seed(seed))
+        chosen, pairs = choose_pairs("contrast", SCORES, MASK, 2, torch.Generator().manual_seed(seed))
+        assert chosen.tolist() == rand.tolist()  # the same prompts as random selection with that seed
+        best = {0: [0, 2], 2: [0, 1], 3: [0, 1]}  # |diff| 3.0, 4.0 and 9.0: each prompt's widest pair
+        assert pairs.tolist() == [best[b] for b in chosen.tolist()]
+
+
+def test_bald_and_committee_need_their_evidence():
+    with pytest.raises(ValueError, match="selection 'committee' needs"):
+        choose_pairs("committee", SCORES, MASK, 2, torch.Generator().manual_seed(0))
+    # committee: two members that agree everywhere except on prompt 3's pair (0, 1)
+    members = torch.stack([SCORES, SCORES.clone()])
+    members[1, 3, 1] = -9.0
+    chosen, pairs = choose_pairs("committee", SCORES, MASK, 1, torch.Generator().manual_seed(0), members)
+    assert chosen.tolist() == [3] and pairs.tolist() == [[0, 1]]
+
+
 def test_random_and_mixed_never_take_a_prompt_without_a_pair_or_twice():
     for seed in range(20):
         chosen, _ = choose_pairs("random", SCORES, MASK, 3, torch.Generator().manual_seed(seed))
@@ -152,4 +171,5 @@ def test_cli_names_a_bad_selection_rule(tmp_path):
 
     result = CliRunner().invoke(app, ["label", "online", "--out", str(tmp_path), "--set", "online.selection=best"])
     assert result.exit_code == 2
-    assert "online.selection: Input should be 'active', 'random' or 'mixed' (got 'best')" in result.output
+    assert ("online.selection: Input should be 'contrast', 'committee', 'bald', 'active', 'random' or 'mixed' "
+            "(got 'best')") in result.output

@@ -14,6 +14,8 @@ from feedbackrl.models.reward import (
     RewardModel,
     build_reward_model,
     encode_texts,
+    head_features,
+    head_parameters,
     load_reward_model,
     save_reward_model,
     score_texts,
@@ -137,3 +139,19 @@ def test_reward_model_rejects_an_unknown_kind(tiny_model_dir):
         RewardModel(load_policy(str(tiny_model_dir)), kind="value")
     with pytest.raises(ValueError, match="head_type must be one of"):
         RewardModel(load_policy(str(tiny_model_dir)), head_type="mean")
+
+
+def test_head_features_are_linear_in_the_head(reward_model, tiny_model_dir):
+    """score = head_features . head_parameters, for both heads (the Laplace posterior of `bald`
+    rests on this), and an empty response scores only its EOS."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    with torch.no_grad():
+        torch.nn.init.normal_(reward_model.head.weight, std=0.3)
+        torch.nn.init.normal_(reward_model.head.bias, std=0.3)
+    phi = head_features(reward_model, tokenizer, PROMPTS, RESPONSES, batch_size=3)  # two batches
+    h, v = reward_model.backbone.config.hidden_size, reward_model.backbone.config.vocab_size
+    assert phi.shape == (4, v * (h + 1) if reward_model.head_type == "per_token" else h + 1)
+    torch.testing.assert_close(phi @ head_parameters(reward_model), score_texts(reward_model, tokenizer, PROMPTS,
+                                                                                RESPONSES), rtol=1e-5, atol=1e-5)
+    if reward_model.head_type == "per_token":  # the bias columns count each token: 3 letters + EOS in "cba"
+        assert phi.view(4, v, h + 1)[0, :, h].sum().item() == 4.0

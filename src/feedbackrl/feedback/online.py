@@ -47,7 +47,16 @@ import torch
 from pydantic import Field, ValidationError, model_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.algos.pair_selection import least_certain, random_pairs, uncertain_pairs
+from feedbackrl.algos.pair_selection import (
+    committee_pairs,
+    contrast_pairs,
+    informative_pairs,
+    laplace_factor,
+    least_certain,
+    random_pairs,
+    score_covariance,
+    uncertain_pairs,
+)
 from feedbackrl.config import (
     ConfigError,
     ModelConfig,
@@ -65,7 +74,7 @@ from feedbackrl.data.labeller import Labeller, gold_score_for, label_ceiling, la
 from feedbackrl.data.preferences import PreferencePair, load_preference_pairs
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, read_jsonl
-from feedbackrl.models.reward import RewardModel, build_reward_model, score_texts
+from feedbackrl.models.reward import RewardModel, build_reward_model, head_features, head_parameters, score_texts
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.train.preference import heldout_metrics, train_reward_model
 
@@ -76,8 +85,12 @@ IDLE_S = 0.5  # seconds the labeller waits on an empty queue (it idles while the
 
 
 class OnlineConfig(Section):
-    selection: Literal["active", "random", "mixed"] = Field(
-        "active", description="how pairs are chosen: least certain under the reward model, random, or half each")
+    selection: Literal["contrast", "committee", "bald", "active", "random", "mixed"] = Field(
+        "active", description="how pairs are chosen (docs/human_feedback.md): random prompts and the pair the "
+        "reward model scores furthest apart (contrast); most informative by committee disagreement (committee) or "
+        "under a Laplace posterior of the head (bald); least certain (active); random; half active (mixed)")
+    committee: int = Field(4, ge=2, le=16, description="committee: reward models trained per round (1 + resamples)")
+    prior_precision: float = Field(1.0, gt=0, description="bald: precision of the Gaussian prior on the reward head")
     labels: int = Field(600, ge=1, description="label budget: the run stops after this many labels")
     retrain_every: int = Field(100, ge=1, description="N: labels per round; the reward model retrains after each")
     candidates: int = Field(4, ge=2, le=16, description="K: distinct responses sampled per prompt")
@@ -262,15 +275,25 @@ def candidate_scores(rm: RewardModel | None, tokenizer: PreTrainedTokenizerBase,
     return scores, mask
 
 
-def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: int,
-                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (prompt indices (m,), pairs (m, 2)), m <= n, by the rule `selection` (see the module docstring)."""
+def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: int, generator: torch.Generator,
+                 cov: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (prompt indices (m,), pairs (m, 2)), m <= n, by the rule `selection` (see the module docstring).
+    `cov` (P, K, K), the posterior covariance of the scores, is needed by `bald` only."""
     usable = torch.nonzero(mask.sum(1) >= 2).squeeze(1)
     shuffled = usable[torch.randperm(len(usable), generator=generator)]
     rand_pairs = random_pairs(mask, generator)
     if selection == "random":
         chosen = shuffled[:n]
         return chosen, rand_pairs[chosen]
+    if selection == "contrast":  # random prompts, the pair the model scores furthest apart
+        chosen = shuffled[:n]
+        return chosen, contrast_pairs(scores, mask)[0][chosen]
+    if selection in ("bald", "committee"):
+        if cov is None:
+            raise ValueError(f"selection {selection!r} needs the score covariance or the committee's scores (cov)")
+        pairs, info = informative_pairs(scores, cov, mask) if selection == "bald" else committee_pairs(cov, mask)
+        chosen = least_certain(-info, n)  # the most informative first; -inf (no pair) is dropped
+        return chosen, pairs[chosen]
     act_pairs, certainty = uncertain_pairs(scores, mask)
     n_active = n if selection == "active" else n // 2
     active = least_certain(certainty, n_active)
@@ -280,8 +303,35 @@ def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: in
     return chosen, pairs
 
 
+@dataclass
+class Fitted:
+    """The latest reward model and the pairs it was trained on (the posterior of `bald` needs both)."""
+
+    rm: RewardModel
+    pairs: list[PreferencePair]
+    members: list[RewardModel]  # the committee besides rm (selection "committee"), else empty
+
+
+def candidate_covariance(fitted: Fitted, tokenizer: PreTrainedTokenizerBase, problems: list[Problem],
+                         candidates: list[list[str]], k: int, prior_precision: float) -> torch.Tensor:
+    """(P, K, K) posterior covariance of the candidates' scores under the last-layer Laplace
+    approximation of the head (algos/pair_selection.py); rows and columns of missing candidates are 0."""
+    rm, train = fitted.rm, fitted.pairs
+    prompts = [p.prompt for p in train]
+    phi = head_features(rm, tokenizer, prompts + prompts, [p.chosen for p in train] + [p.rejected for p in train])
+    diffs = phi[: len(train)] - phi[len(train) :]
+    factor = laplace_factor(diffs, diffs @ head_parameters(rm), prior_precision)
+    del phi, diffs
+    flat = [(p.prompt, c) for p, cs in zip(problems, candidates, strict=True) for c in cs]
+    feats = head_features(rm, tokenizer, [x for x, _ in flat], [y for _, y in flat])
+    mask = torch.tensor([[j < len(c) for j in range(k)] for c in candidates])
+    grid = feats.new_zeros(len(candidates), k, feats.shape[1])
+    grid[mask] = feats
+    return score_covariance(grid, factor, prior_precision)
+
+
 def make_proposer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
-                  current_rm: Callable[[], RewardModel | None]) -> Propose:
+                  current: Callable[[], Fitted | None]) -> Propose:
     o, seed = cfg.online, cfg.train.seed
     prompt_rng, gen = random.Random(seed + 2), torch.Generator().manual_seed(seed + 1)
     pick_gen = torch.Generator().manual_seed(seed + 4)
@@ -290,15 +340,23 @@ def make_proposer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreT
         problems = [task.sample(prompt_rng) for _ in range(o.pool * n)]
         cands = sample_candidates(policy, tokenizer, problems, o.candidates, cfg.rollout.max_new_tokens,
                                   cfg.rollout.temperature, gen)
-        rm = current_rm() if round_index > 1 else None
-        scores, mask = candidate_scores(rm, tokenizer, problems, cands, o.candidates)
-        rule = o.selection if round_index > 1 else "random"
-        chosen, pairs = choose_pairs(rule, scores, mask, n, pick_gen)
+        fitted = current() if round_index > 1 else None
+        scores, mask = candidate_scores(fitted and fitted.rm, tokenizer, problems, cands, o.candidates)
+        rule = o.selection if fitted is not None else "random"
+        cov = None
+        if fitted is not None and rule == "bald":
+            cov = candidate_covariance(fitted, tokenizer, problems, cands, o.candidates, o.prior_precision)
+        elif fitted is not None and rule == "committee":  # (E, P, K): every member's scores
+            cov = torch.stack([scores] + [candidate_scores(m, tokenizer, problems, cands, o.candidates)[0]
+                                          for m in fitted.members])
+        chosen, pairs = choose_pairs(rule, scores, mask, n, pick_gen, cov)
         rows, picked = [], []
         for b, (i, j) in zip(chosen.tolist(), pairs.tolist(), strict=True):
             p = torch.sigmoid(scores[b, i] - scores[b, j]).item()
             rows.append({"prompt": problems[b].prompt, "responses": [cands[b][i], cands[b][j]],
                          "round": round_index, "selection": rule, "rm_p_first": p})
+            if cov is not None and rule == "bald":  # the posterior variance of r_first - r_second
+                rows[-1]["rm_var"] = (cov[b, i, i] + cov[b, j, j] - 2 * cov[b, i, j]).item()
             picked.append(problems[b])
         return Round(rows, picked)
 
@@ -363,12 +421,13 @@ class _NullSink:
 
 
 def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
-                   heldout: list[PreferencePair], problems: dict[str, Problem]) -> tuple[Retrain, Callable[[], Any]]:
-    """-> (retrain: all pairs so far -> metrics, current: the latest reward model or None).
+                   heldout: list[PreferencePair],
+                   problems: dict[str, Problem]) -> tuple[Retrain, Callable[[], Fitted | None]]:
+    """-> (retrain: all pairs so far -> metrics, current: the latest reward model and its pairs, or None).
 
     Each retrain starts again from the policy (the InstructGPT initialisation) with the same seed,
     so a round's model depends only on the pairs, not on the path that led to them."""
-    state: dict[str, RewardModel | None] = {"rm": None}
+    state: dict[str, Fitted | None] = {"fitted": None}
 
     def retrain(rows: Pairs) -> dict[str, float]:
         torch.manual_seed(cfg.train.seed)
@@ -377,10 +436,19 @@ def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: Pre
         if pairs:
             # no held-out set inside: it would be scored after every epoch; once per round is enough
             train_reward_model(cfg.algo, rm, tokenizer, pairs, [], cfg.train.seed, _NullSink())
-            state["rm"] = rm
+            members = []
+            if cfg.online.selection == "committee":  # bootstrap resamples (Efron 1979), their own data order
+                for e in range(1, cfg.online.committee):
+                    rng = random.Random(f"{cfg.train.seed}-{e}-{len(pairs)}")
+                    torch.manual_seed(cfg.train.seed + e)
+                    member = build_reward_model(policy, cfg.algo.kind, cfg.algo.head)
+                    resample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+                    train_reward_model(cfg.algo, member, tokenizer, resample, [], cfg.train.seed + e, _NullSink())
+                    members.append(member.eval())
+            state["fitted"] = Fitted(rm, pairs, members)
         return {**heldout_metrics(rm, tokenizer, heldout), **label_gold_stats(pairs)}
 
-    return retrain, lambda: state["rm"]
+    return retrain, lambda: state["fitted"]
 
 
 def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[str, Any]:

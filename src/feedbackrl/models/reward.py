@@ -133,6 +133,40 @@ def score_texts(model: RewardModel, tokenizer: PreTrainedTokenizerBase, prompts:
     return torch.cat(out) if out else torch.zeros(0)
 
 
+@torch.no_grad()
+def head_features(model: RewardModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str],
+                  batch_size: int = 256) -> Tensor:
+    """(N, D) features phi of each text such that raw score = phi . theta, theta = [W | b] the head's
+    weights flattened row by row (D = V x (H + 1) for the per-token head, H + 1 for the last-token head).
+
+    The score is linear in the head, so these are what a Bayesian treatment of the head (a Laplace
+    approximation of its posterior, `algos/pair_selection.py`) needs: per-token head,
+    phi[v] = sum over response tokens x_t = v of [h_{t-1}, 1]; last-token head, [h_last, 1]."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        ids, mask, response_mask = encode_texts(tokenizer, prompts[i : i + batch_size], responses[i : i + batch_size])
+        hidden = model.backbone.base_model(input_ids=ids, attention_mask=mask,
+                                           position_ids=positions(mask)).last_hidden_state.float()  # (n, L, H)
+        hidden = torch.cat([hidden, torch.ones_like(hidden[..., :1])], dim=-1)  # (n, L, H + 1)
+        if model.head_type == "last_token":
+            out.append(hidden[:, -1])
+            continue
+        n, width = hidden.shape[-1], model.head.weight.shape[0]
+        weighted = hidden[:, :-1] * response_mask[:, 1:, None]  # (n, L-1, H+1): token t read from t - 1
+        phi = hidden.new_zeros(len(ids), width, n)
+        phi.scatter_add_(1, ids[:, 1:, None].expand(-1, -1, n), weighted)
+        out.append(phi.flatten(1))
+    model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, 0)
+
+
+def head_parameters(model: RewardModel) -> Tensor:
+    """theta = [W | b] flattened, in the order of `head_features`: raw score = head_features . theta."""
+    return torch.cat([model.head.weight, model.head.bias[:, None]], dim=1).detach().flatten().float()
+
+
 def save_reward_model(model: RewardModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
