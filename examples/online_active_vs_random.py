@@ -1,4 +1,4 @@
-"""Active vs random pair selection in the online reward-model loop: several seeds per rule, then a
+"""Pair-selection rules compared in the online reward-model loop: several seeds per rule, then a
 table of labels-to-reach-accuracy and a plot of held-out accuracy against labels.
 
     python examples/online_active_vs_random.py --out runs/online_sweep --seeds 0 1 2 --jobs 2 \\
@@ -103,6 +103,21 @@ def table(reports: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def mean_table(runs: dict[str, list[Path]]) -> str:
+    """Held-out accuracy at each label count, mean over the seeds that reached it."""
+    curves = {rule: [{r["labels"]: r["rm/heldout_accuracy"] for r in rounds(d)} for d in dirs]
+              for rule, dirs in runs.items() if dirs}
+    counts = sorted({n for cs in curves.values() for c in cs for n in c if n > 0})
+    lines = ["| labels | " + " | ".join(str(n) for n in counts) + " |", "|---|" + "---|" * len(counts)]
+    for rule, cs in curves.items():
+        cells = []
+        for n in counts:
+            xs = [c[n] for c in cs if n in c]
+            cells.append(f"{sum(xs) / len(xs):.3f}" if xs else "")
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(runs: dict[str, list[Path]], png: Path, ceiling: float) -> None:
     import matplotlib
 
@@ -150,7 +165,7 @@ def main() -> None:
     runs = {rule: [args.out / f"{rule}_s{s}" for s in args.seeds
                    if (args.out / f"{rule}_s{s}" / "report.json").is_file()] for rule in args.rules}
     reports = {rule: [run_summary(d) for d in dirs] for rule, dirs in runs.items()}
-    text = table(reports) + "\n\n" + label_table(runs)
+    text = table(reports) + "\n\n" + mean_table(runs) + "\n\n" + label_table(runs)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
     ceiling = next(r["heldout_ceiling"]["expected"] for reps in reports.values() for r in reps)

@@ -1,17 +1,26 @@
-"""Which pair of candidate responses to send to a labeller: active (uncertainty) or random selection.
+"""Which pair of candidate responses to send to a labeller.
 
 Each prompt has up to K candidate responses with reward-model scores. Under the Bradley-Terry model
-the reward model predicts P(i > j) = sigmoid(r_i - r_j), so the pair it is least sure about is the
-one with the smallest |r_i - r_j|, where |P(i > j) - 0.5| is smallest: uncertainty sampling
-(Lewis and Gale 1994), the rule the active-preference literature starts from (e.g. Sadigh et al.
-2017, Biyik and Sadigh 2018, who choose the query that most splits the model's belief).
+the reward model predicts P(i > j) = sigmoid(r_i - r_j). The rules, as pure functions over (P, K)
+score tensors (the online loop, `feedback/online.py`, composes them):
 
-- `uncertain_pairs`: per prompt, the least certain pair and its certainty |P - 0.5| (in [0, 0.5)).
+- `uncertain_pairs` + `least_certain` (rule `active`): per prompt the pair with the smallest
+  |r_i - r_j|, where |P(i > j) - 0.5| is smallest, then the prompts whose pair is least certain:
+  uncertainty sampling (Lewis and Gale 1994), where the active-preference literature starts
+  (Sadigh et al. 2017, Biyik and Sadigh 2018).
+- `contrast_pairs` (rule `contrast`): per prompt the pair the model scores furthest apart, its best
+  and worst candidate. The loop takes it for random prompts. Measured on the toy domain
+  (docs/human_feedback.md), labels teach most where the two responses really differ and least (or
+  harm) where they nearly tie, which is where uncertainty sampling looks; this is the "ask easy
+  questions" lesson of Biyik et al. 2019 for noisy labellers.
+- `committee_pairs` (rule `committee`): query by committee scored by BALD over reward models
+  trained on bootstrap resamples of the labels.
+- `informative_pairs` with `laplace_factor` / `score_covariance` (rule `bald`): BALD under a
+  last-layer Laplace posterior of the reward head.
 - `random_pairs`: per prompt, a uniformly random pair of distinct valid candidates.
-- `least_certain`: the `n` prompts whose chosen pair is least certain.
 
-Departure: we pick at most one pair per prompt, so one prompt's many near-identical candidates
-cannot take the whole batch.
+Departure: every rule takes at most one pair per prompt, so one prompt's many near-identical
+candidates cannot take the whole batch.
 """
 
 from __future__ import annotations

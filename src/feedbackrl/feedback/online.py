@@ -21,10 +21,14 @@ One run:
    retrain the reward model from the policy on *all* pairs so far, and log the held-out pairwise
    accuracy on a fixed held-out set (and agreement with gold) against the number of labels.
 
-Selection (`algos/pair_selection.py`): `random` takes random prompts and a random pair of their
-candidates. `active` takes the prompts whose least certain pair (|P(a > b) - 0.5| smallest under
-the current reward model) is least certain. `mixed` takes half of each round at random and half
-actively. The first round is always random: an untrained reward model has nothing to say.
+Selection (`algos/pair_selection.py`; docs/human_feedback.md measures them): `random` takes
+random prompts and a random pair of their candidates. `contrast` (the recipe's rule) takes the
+same random prompts and, of each, the pair the current reward model scores furthest apart.
+`active` takes the prompts whose least certain pair (|P(a > b) - 0.5| smallest) is least certain;
+`mixed` half of each round at random and half actively. `committee` and `bald` take the prompts
+whose pair has the most mutual information between its label and the model (BALD), under
+`online.committee` reward models trained on bootstrap resamples, or under a Laplace posterior of
+the reward head. The first round is always random: an untrained reward model has nothing to say.
 
 OUT after a run: config.json, labels.db, metrics.jsonl (one row per round: labels, accuracy,
 gold agreement, seconds), report.json.
