@@ -164,6 +164,28 @@ def test_online_run_end_to_end_over_http(tiny_model_dir, tmp_path):
     assert len(labels) == 12 and len({x.item_id for x in labels}) == 12
 
 
+@pytest.mark.parametrize("rule", ["bald", "committee"])
+def test_model_driven_rules_run_in_the_loop(rule, tiny_model_dir, tmp_path):
+    """bald (Laplace posterior of the head) and committee (bootstrap members) choose round 2's pairs
+    from a trained reward model; bald records the posterior variance of each chosen pair."""
+    from feedbackrl.feedback.store import Item
+
+    cfg = load_online_config(None, [
+        f"model.path={json.dumps(str(tiny_model_dir))}", "task.name=reverse", "rollout.max_new_tokens=6",
+        "algo.epochs=1", "algo.batch_size=4", "online.labels=12", "online.retrain_every=6",
+        "online.heldout_prompts=16", "online.pool=2", "online.committee=2", "train.threads=1",
+        f"online.selection={rule}"])
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    report = run_online(cfg, tmp_path, sink)
+    sink.close()
+    assert report["labels"] == 12
+    with open_db(str(tmp_path / "labels.db"))() as s:
+        metas = [x.meta for x in s.scalars(select(Item)).all()]
+    assert [m["selection"] for m in metas] == ["random"] * 6 + [rule] * 6
+    if rule == "bald":
+        assert all(m["rm_var"] > 0 for m in metas[6:])
+
+
 def test_cli_names_a_bad_selection_rule(tmp_path):
     from typer.testing import CliRunner
 

@@ -90,7 +90,7 @@ IDLE_S = 0.5  # seconds the labeller waits on an empty queue (it idles while the
 
 class OnlineConfig(Section):
     selection: Literal["contrast", "committee", "bald", "active", "random", "mixed"] = Field(
-        "active", description="how pairs are chosen (docs/human_feedback.md): random prompts and the pair the "
+        "contrast", description="how pairs are chosen (docs/human_feedback.md): random prompts and the pair the "
         "reward model scores furthest apart (contrast); most informative by committee disagreement (committee) or "
         "under a Laplace posterior of the head (bald); least certain (active); random; half active (mixed)")
     committee: int = Field(4, ge=2, le=16, description="committee: reward models trained per round (1 + resamples)")
