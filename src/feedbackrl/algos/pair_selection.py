@@ -35,6 +35,17 @@ def _pair_index(k: int) -> tuple[Tensor, Tensor]:
     return i, j
 
 
+def _best_pair(values: Tensor, mask: Tensor, largest: bool) -> tuple[Tensor, Tensor]:
+    """values: (B, pairs) over `_pair_index` order; mask: (B, K). -> per row the (i, j) of the largest
+    (or smallest) value among pairs of real candidates, and that value (-inf / +inf if none).
+    Ties go to the first pair in (i, j) order."""
+    i, j = _pair_index(mask.shape[1])
+    valid = mask[:, i].bool() & mask[:, j].bool()
+    values = values.masked_fill(~valid, float("-inf") if largest else float("inf"))
+    best = values.argmax(dim=1) if largest else values.argmin(dim=1)
+    return torch.stack([i[best], j[best]], dim=1), values.gather(1, best[:, None]).squeeze(1)
+
+
 def uncertain_pairs(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """scores, mask: (B, K) raw reward-model scores, 1 = a real candidate.
 
@@ -44,11 +55,7 @@ def uncertain_pairs(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """
     i, j = _pair_index(scores.shape[1])
     certainty = (torch.sigmoid(scores[:, i] - scores[:, j]) - 0.5).abs()  # (B, P)
-    valid = mask[:, i].bool() & mask[:, j].bool()
-    certainty = certainty.masked_fill(~valid, float("inf"))
-    best = certainty.argmin(dim=1)  # (B,)
-    pairs = torch.stack([i[best], j[best]], dim=1)
-    return pairs, certainty.gather(1, best[:, None]).squeeze(1)
+    return _best_pair(certainty, mask, largest=False)
 
 
 def random_pairs(mask: Tensor, generator: torch.Generator) -> Tensor:
@@ -67,10 +74,7 @@ def contrast_pairs(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     and worst candidate), and that gap |r_i - r_j| (B,); -inf for a prompt with fewer than 2 candidates."""
     i, j = _pair_index(scores.shape[1])
     gap = (scores[:, i] - scores[:, j]).abs()
-    valid = mask[:, i].bool() & mask[:, j].bool()
-    gap = gap.masked_fill(~valid, float("-inf"))
-    best = gap.argmax(dim=1)
-    return torch.stack([i[best], j[best]], dim=1), gap.gather(1, best[:, None]).squeeze(1)
+    return _best_pair(gap, mask, largest=True)
 
 
 def least_certain(certainty: Tensor, n: int) -> Tensor:
@@ -149,10 +153,7 @@ def informative_pairs(scores: Tensor, cov: Tensor, mask: Tensor) -> tuple[Tensor
     i, j = _pair_index(scores.shape[1])
     var = cov[:, i, i] + cov[:, j, j] - 2 * cov[:, i, j]  # (P, pairs)
     info = bald(scores[:, i] - scores[:, j], var)
-    valid = mask[:, i].bool() & mask[:, j].bool()
-    info = info.masked_fill(~valid, float("-inf"))
-    best = info.argmax(dim=1)
-    return torch.stack([i[best], j[best]], dim=1), info.gather(1, best[:, None]).squeeze(1)
+    return _best_pair(info, mask, largest=True)
 
 
 def committee_pairs(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -166,7 +167,4 @@ def committee_pairs(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     i, j = _pair_index(scores.shape[-1])
     p = torch.sigmoid(scores[:, :, i] - scores[:, :, j]).double()  # (E, P, pairs)
     info = (_entropy(p.mean(0)) - _entropy(p).mean(0)).clamp(min=0).to(scores.dtype)
-    valid = mask[:, i].bool() & mask[:, j].bool()
-    info = info.masked_fill(~valid, float("-inf"))
-    best = info.argmax(dim=1)
-    return torch.stack([i[best], j[best]], dim=1), info.gather(1, best[:, None]).squeeze(1)
+    return _best_pair(info, mask, largest=True)
