@@ -22,7 +22,8 @@ One run:
    accuracy on a fixed held-out set (and agreement with gold) against the number of labels.
 
 Selection (`algos/pair_selection.py`; docs/human_feedback.md measures them): `random` takes
-random prompts and a random pair of their candidates. `contrast` (the recipe's rule) takes the
+random prompts and a random pair of their candidates (the default: no other rule has beaten it on the
+toy domain). `contrast` takes the
 same random prompts and, of each, the pair the current reward model scores furthest apart.
 `active` takes the prompts whose least certain pair (|P(a > b) - 0.5| smallest) is least certain;
 `mixed` half of each round at random and half actively. `committee` and `bald` take the prompts
@@ -90,7 +91,7 @@ IDLE_S = 0.5  # seconds the labeller waits on an empty queue (it idles while the
 
 class OnlineConfig(Section):
     selection: Literal["contrast", "committee", "bald", "active", "random", "mixed"] = Field(
-        "contrast", description="how pairs are chosen (docs/human_feedback.md): random prompts and the pair the "
+        "random", description="how pairs are chosen (docs/human_feedback.md): random prompts and the pair the "
         "reward model scores furthest apart (contrast); most informative by committee disagreement (committee) or "
         "under a Laplace posterior of the head (bald); least certain (active); random; half active (mixed)")
     committee: int = Field(4, ge=2, le=16, description="committee: reward models trained per round (1 + resamples)")
