@@ -30,17 +30,17 @@ from feedbackrl.data.labeller import Labeller, gold_score_for, sample_candidates
 from feedbackrl.envs.registry import make_task
 from feedbackrl.feedback.online import (
     Fitted,
-    _NullSink,
+    bootstrap_members,
     candidate_covariance,
     candidate_scores,
     choose_pairs,
+    fit_reward_model,
     heldout_pairs,
     load_online_config,
     with_gold,
 )
-from feedbackrl.models.reward import build_reward_model
 from feedbackrl.train.pipeline import load_or_build
-from feedbackrl.train.preference import heldout_metrics, train_reward_model
+from feedbackrl.train.preference import heldout_metrics
 
 ORACLE = {
     "nontie": lambda x: x["gap"] != 0,
@@ -78,11 +78,8 @@ def main() -> None:
         return {"prompt": p.prompt, "chosen": chosen, "rejected": rejected}
 
     def fit(rows: list[dict], s: int):
-        torch.manual_seed(s)
-        rm = build_reward_model(policy, cfg.algo.kind, cfg.algo.head)
         pairs = with_gold(rows, by_prompt, task)
-        train_reward_model(cfg.algo, rm, tok, pairs, [], s, _NullSink())
-        return rm.eval(), pairs
+        return fit_reward_model(cfg, policy, tok, pairs, s).eval(), pairs
 
     base, used = [], 0
     while len(base) < args.base:  # the first prompts with a pair: one random pair each
@@ -103,10 +100,7 @@ def main() -> None:
             evidence = candidate_covariance(Fitted(rm0, pairs0, []), tok, pool_p, pool_c, k,
                                             cfg.online.prior_precision)
         elif rule == "committee":  # the base model plus bootstrap members, as the online loop trains them
-            members = []
-            for e in range(1, cfg.online.committee):
-                draw = random.Random(f"{seed}-{e}-{len(base)}")
-                members.append(fit([base[draw.randrange(len(base))] for _ in base], seed + e)[0])
+            members = bootstrap_members(cfg, policy, tok, pairs0)
             evidence = torch.stack([scores] + [candidate_scores(m, tok, pool_p, pool_c, k)[0] for m in members])
         prompts, pairs = choose_pairs(rule, scores, mask, args.add, torch.Generator().manual_seed(seed + 7), evidence)
         return [(b, i, j) for b, (i, j) in zip(prompts.tolist(), pairs.tolist(), strict=True)]

@@ -144,6 +144,12 @@ def bald(mean: Tensor, var: Tensor) -> Tensor:
     return (_entropy(p.mean(-1)) - _entropy(p).mean(-1)).clamp(min=0).to(mean.dtype)
 
 
+def pair_variance(cov: Tensor, i: Tensor, j: Tensor) -> Tensor:
+    """cov: (P, K, K) score covariance; i, j: (pairs,) candidate indices ->
+    (P, pairs) Var(r_i - r_j) = cov_ii + cov_jj - 2 cov_ij."""
+    return cov[:, i, i] + cov[:, j, j] - 2 * cov[:, i, j]
+
+
 def informative_pairs(scores: Tensor, cov: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """scores, mask: (P, K) raw scores (posterior means) and 1 = a real candidate; cov: (P, K, K).
 
@@ -151,7 +157,7 @@ def informative_pairs(scores: Tensor, cov: Tensor, mask: Tensor) -> tuple[Tensor
     with fewer than 2 candidates. The score difference r_i - r_j has mean scores_i - scores_j and
     variance cov_ii + cov_jj - 2 cov_ij."""
     i, j = _pair_index(scores.shape[1])
-    var = cov[:, i, i] + cov[:, j, j] - 2 * cov[:, i, j]  # (P, pairs)
+    var = pair_variance(cov, i, j)  # (P, pairs)
     info = bald(scores[:, i] - scores[:, j], var)
     return _best_pair(info, mask, largest=True)
 

@@ -58,6 +58,7 @@ from feedbackrl.algos.pair_selection import (
     informative_pairs,
     laplace_factor,
     least_certain,
+    pair_variance,
     random_pairs,
     score_covariance,
     uncertain_pairs,
@@ -268,22 +269,30 @@ def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: P
 # --- proposing and retraining ----------------------------------------------------------------------
 
 
+def flat_candidates(problems: list[Problem], candidates: list[list[str]],
+                    k: int) -> tuple[torch.Tensor, list[str], list[str]]:
+    """-> the (B, K) mask of real candidates, and every candidate's prompt and text in mask order
+    (`grid[mask] = per_candidate` puts per-candidate values back in their (B, K) places)."""
+    mask = torch.tensor([[j < len(c) for j in range(k)] for c in candidates])
+    flat = [(p.prompt, c) for p, cs in zip(problems, candidates, strict=True) for c in cs]
+    return mask, [x for x, _ in flat], [y for _, y in flat]
+
+
 def candidate_scores(rm: RewardModel | None, tokenizer: PreTrainedTokenizerBase, problems: list[Problem],
                      candidates: list[list[str]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, K) raw scores of every candidate (zeros without a reward model) and the (B, K) mask."""
-    mask = torch.tensor([[j < len(c) for j in range(k)] for c in candidates])
+    mask, prompts, responses = flat_candidates(problems, candidates, k)
     scores = torch.zeros(len(candidates), k)
-    if rm is not None:
-        flat = [(p.prompt, c[j]) for p, c in zip(problems, candidates, strict=True) for j in range(len(c))]
-        raw = score_texts(rm, tokenizer, [x for x, _ in flat], [y for _, y in flat]) if flat else torch.zeros(0)
-        scores[mask] = raw
+    if rm is not None and prompts:
+        scores[mask] = score_texts(rm, tokenizer, prompts, responses)
     return scores, mask
 
 
 def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: int, generator: torch.Generator,
-                 cov: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 evidence: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (prompt indices (m,), pairs (m, 2)), m <= n, by the rule `selection` (see the module docstring).
-    `cov` (P, K, K), the posterior covariance of the scores, is needed by `bald` only."""
+    `evidence` is what the BALD rules need besides the scores: for `bald` the (P, K, K) posterior
+    covariance of the scores, for `committee` the (E, P, K) scores of every member."""
     usable = torch.nonzero(mask.sum(1) >= 2).squeeze(1)
     shuffled = usable[torch.randperm(len(usable), generator=generator)]
     rand_pairs = random_pairs(mask, generator)
@@ -294,9 +303,11 @@ def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: in
         chosen = shuffled[:n]
         return chosen, contrast_pairs(scores, mask)[0][chosen]
     if selection in ("bald", "committee"):
-        if cov is None:
-            raise ValueError(f"selection {selection!r} needs the score covariance or the committee's scores (cov)")
-        pairs, info = informative_pairs(scores, cov, mask) if selection == "bald" else committee_pairs(cov, mask)
+        if evidence is None:
+            raise ValueError(f"selection {selection!r} needs its evidence: the score covariance (bald) or the "
+                             "committee's scores (committee)")
+        pairs, info = (informative_pairs(scores, evidence, mask) if selection == "bald"
+                       else committee_pairs(evidence, mask))
         chosen = least_certain(-info, n)  # the most informative first; -inf (no pair) is dropped
         return chosen, pairs[chosen]
     act_pairs, certainty = uncertain_pairs(scores, mask)
@@ -327,9 +338,8 @@ def candidate_covariance(fitted: Fitted, tokenizer: PreTrainedTokenizerBase, pro
     diffs = phi[: len(train)] - phi[len(train) :]
     factor = laplace_factor(diffs, diffs @ head_parameters(rm), prior_precision)
     del phi, diffs
-    flat = [(p.prompt, c) for p, cs in zip(problems, candidates, strict=True) for c in cs]
-    feats = head_features(rm, tokenizer, [x for x, _ in flat], [y for _, y in flat])
-    mask = torch.tensor([[j < len(c) for j in range(k)] for c in candidates])
+    mask, prompts, responses = flat_candidates(problems, candidates, k)
+    feats = head_features(rm, tokenizer, prompts, responses)
     grid = feats.new_zeros(len(candidates), k, feats.shape[1])
     grid[mask] = feats
     return score_covariance(grid, factor, prior_precision)
@@ -348,20 +358,23 @@ def make_proposer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreT
         fitted = current() if round_index > 1 else None
         scores, mask = candidate_scores(fitted and fitted.rm, tokenizer, problems, cands, o.candidates)
         rule = o.selection if fitted is not None else "random"
-        cov = None
+        evidence = None
         if fitted is not None and rule == "bald":
-            cov = candidate_covariance(fitted, tokenizer, problems, cands, o.candidates, o.prior_precision)
+            evidence = candidate_covariance(fitted, tokenizer, problems, cands, o.candidates, o.prior_precision)
         elif fitted is not None and rule == "committee":  # (E, P, K): every member's scores
-            cov = torch.stack([scores] + [candidate_scores(m, tokenizer, problems, cands, o.candidates)[0]
-                                          for m in fitted.members])
-        chosen, pairs = choose_pairs(rule, scores, mask, n, pick_gen, cov)
+            evidence = torch.stack([scores] + [candidate_scores(m, tokenizer, problems, cands, o.candidates)[0]
+                                               for m in fitted.members])
+        chosen, pairs = choose_pairs(rule, scores, mask, n, pick_gen, evidence)
+        # bald: the posterior variance of r_first - r_second of each chosen pair
+        var = (pair_variance(evidence[chosen], pairs[:, 0], pairs[:, 1]).diagonal().tolist()
+               if rule == "bald" else None)
         rows, picked = [], []
-        for b, (i, j) in zip(chosen.tolist(), pairs.tolist(), strict=True):
+        for m, (b, (i, j)) in enumerate(zip(chosen.tolist(), pairs.tolist(), strict=True)):
             p = torch.sigmoid(scores[b, i] - scores[b, j]).item()
             rows.append({"prompt": problems[b].prompt, "responses": [cands[b][i], cands[b][j]],
                          "round": round_index, "selection": rule, "rm_p_first": p})
-            if cov is not None and rule == "bald":  # the posterior variance of r_first - r_second
-                rows[-1]["rm_var"] = (cov[b, i, i] + cov[b, j, j] - 2 * cov[b, i, j]).item()
+            if var is not None:
+                rows[-1]["rm_var"] = var[m]
             picked.append(problems[b])
         return Round(rows, picked)
 
@@ -425,6 +438,30 @@ class _NullSink:
         pass
 
 
+def fit_reward_model(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                     pairs: list[PreferencePair], seed: int) -> RewardModel:
+    """A reward model started from the policy (the InstructGPT initialisation) and trained on `pairs`
+    with `seed` (untrained if there are none)."""
+    torch.manual_seed(seed)
+    rm = build_reward_model(policy, cfg.algo.kind, cfg.algo.head)
+    if pairs:
+        # no held-out set inside: it would be scored after every epoch; once per round is enough
+        train_reward_model(cfg.algo, rm, tokenizer, pairs, [], seed, _NullSink())
+    return rm
+
+
+def bootstrap_members(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                      pairs: list[PreferencePair]) -> list[RewardModel]:
+    """The committee besides the logged model: `online.committee - 1` reward models, each on a
+    bootstrap resample of the pairs (Efron 1979) with its own seed and data order, in eval mode."""
+    members = []
+    for e in range(1, cfg.online.committee):
+        rng = random.Random(f"{cfg.train.seed}-{e}-{len(pairs)}")
+        resample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        members.append(fit_reward_model(cfg, policy, tokenizer, resample, cfg.train.seed + e).eval())
+    return members
+
+
 def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                    heldout: list[PreferencePair],
                    problems: dict[str, Problem]) -> tuple[Retrain, Callable[[], Fitted | None]]:
@@ -435,21 +472,10 @@ def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: Pre
     state: dict[str, Fitted | None] = {"fitted": None}
 
     def retrain(rows: Pairs) -> dict[str, float]:
-        torch.manual_seed(cfg.train.seed)
-        rm = build_reward_model(policy, cfg.algo.kind, cfg.algo.head)
         pairs = with_gold(rows, problems, task)
+        rm = fit_reward_model(cfg, policy, tokenizer, pairs, cfg.train.seed)
         if pairs:
-            # no held-out set inside: it would be scored after every epoch; once per round is enough
-            train_reward_model(cfg.algo, rm, tokenizer, pairs, [], cfg.train.seed, _NullSink())
-            members = []
-            if cfg.online.selection == "committee":  # bootstrap resamples (Efron 1979), their own data order
-                for e in range(1, cfg.online.committee):
-                    rng = random.Random(f"{cfg.train.seed}-{e}-{len(pairs)}")
-                    torch.manual_seed(cfg.train.seed + e)
-                    member = build_reward_model(policy, cfg.algo.kind, cfg.algo.head)
-                    resample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-                    train_reward_model(cfg.algo, member, tokenizer, resample, [], cfg.train.seed + e, _NullSink())
-                    members.append(member.eval())
+            members = bootstrap_members(cfg, policy, tokenizer, pairs) if cfg.online.selection == "committee" else []
             state["fitted"] = Fitted(rm, pairs, members)
         return {**heldout_metrics(rm, tokenizer, heldout), **label_gold_stats(pairs)}
 

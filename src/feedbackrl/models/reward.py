@@ -80,11 +80,15 @@ class RewardModel(nn.Module):
         self.kind, self.head_type = kind, head_type
         self.calibration = calibration or Calibration()
 
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(N, L, H) final hidden states of the backbone (the LM head is never run)."""
+        return self.backbone.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                        position_ids=positions(attention_mask)).last_hidden_state
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor) -> Tensor:
         """input_ids, attention_mask, response_mask: (N, L), left-padded, response_mask = 1 on the
         response and its EOS (as `encode_texts` returns them) -> (N,) raw scores."""
-        hidden = self.backbone.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                          position_ids=positions(attention_mask)).last_hidden_state  # (N, L, H)
+        hidden = self.hidden_states(input_ids, attention_mask)  # (N, L, H)
         if self.head_type == "last_token":
             return self.head(hidden[:, -1]).squeeze(-1).float()
         nxt = input_ids[:, 1:]  # token t is scored from the hidden state at t - 1
@@ -147,8 +151,7 @@ def head_features(model: RewardModel, tokenizer: PreTrainedTokenizerBase, prompt
     out = []
     for i in range(0, len(prompts), batch_size):
         ids, mask, response_mask = encode_texts(tokenizer, prompts[i : i + batch_size], responses[i : i + batch_size])
-        hidden = model.backbone.base_model(input_ids=ids, attention_mask=mask,
-                                           position_ids=positions(mask)).last_hidden_state.float()  # (n, L, H)
+        hidden = model.hidden_states(ids, mask).float()  # (n, L, H)
         hidden = torch.cat([hidden, torch.ones_like(hidden[..., :1])], dim=-1)  # (n, L, H + 1)
         if model.head_type == "last_token":
             out.append(hidden[:, -1])
