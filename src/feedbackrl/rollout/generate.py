@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from feedbackrl.rollout.llama_forward import _cat_or_none, completion_logits
+
 
 @dataclass
 class Rollout:
@@ -113,8 +115,11 @@ def _fast_path_ok(model: PreTrainedModel) -> bool:
     return no_hooks and all(type(m) is nn.Linear for m in linears)
 
 
-def _cat_or_none(tensors: list[Tensor | None]) -> Tensor | None:
-    return None if any(t is None for t in tensors) else torch.cat(tensors)
+def _train_fast_path_ok(model: PreTrainedModel) -> bool:
+    """`llama_forward.completion_logits` reproduces the model's training forward: no dropout, no checkpointing."""
+    if getattr(model, "is_activation_checkpointing", False) or not _fast_path_ok(model):
+        return False
+    return not (model.training and getattr(model.config, "attention_dropout", 0.0))
 
 
 def _empty_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
@@ -320,7 +325,9 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
                       with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (N, T) of the completion tokens under `model` (one forward pass).
 
-    Also returns per-token entropy (N, T) of the tempered distribution when asked.
+    Also returns per-token entropy (N, T) of the tempered distribution when asked. Models that the
+    fast decode path accepts train through `llama_forward.completion_logits` (same maths, fewer
+    passes over memory), unless dropout or gradient checkpointing is on; others through their own forward.
     """
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     # Completion padding sits after the real tokens, so causal attention never lets a real token see
@@ -328,11 +335,15 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
     # mask (no prompt padding) lets the model skip building a 4-D mask and use causal attention.
     mask = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)
     t = completion_ids.shape[1]
-    # only the last T + 1 positions predict completion tokens: skip the LM head on the rest of the prompt
-    keep = {"logits_to_keep": t + 1} if _accepts(model, "logits_to_keep") else {}
-    # use_cache=False: HF models default to building a KV cache even in a training forward
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep).logits
-    logits = logits[:, -t - 1 : -1].float() / temperature  # predictions for each completion token
+    if _train_fast_path_ok(model):
+        logits = completion_logits(model, ids, mask, positions(mask), t)
+    else:
+        # only the last T + 1 positions predict completion tokens: skip the LM head on the rest of the prompt
+        keep = {"logits_to_keep": t + 1} if _accepts(model, "logits_to_keep") else {}
+        # use_cache=False: HF models default to building a KV cache even in a training forward
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep)
+        logits = out.logits[:, -t - 1 : -1]  # predictions for each completion token
+    logits = logits.float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * completion_mask
     entropy = None

@@ -1,0 +1,198 @@
+"""A differentiable Llama/Qwen2 forward for training, run straight from the module weights.
+
+`sequence_logprobs` (the training forward of GRPO, PPO, DPO and SFT) uses it for the models that
+`generate`'s fast decode path accepts (`_fast_path_ok`: Llama or Qwen2 without sliding windows,
+float32, plain `nn.Linear`s, no hooks) when no dropout is active and gradient checkpointing is
+off; every other model runs its own `forward`. The maths is transformers' `LlamaDecoderLayer`:
+RMSNorm, RoPE via rotate_half, causal softmax attention, SiLU-gated MLP, residuals. Gradients flow
+into the model's own `nn.Parameter`s, so optimizers and checkpoints see nothing different;
+tests/rollout/test_llama_forward.py checks log-probs and every parameter's gradient against the
+HF forward.
+
+What differs is the bookkeeping. On a CPU the training forward/backward of these small models is
+matmuls plus many elementwise passes over activations that do not fit in cache, and each pass
+costs a trip to memory (docs/performance.md, "Training forward"). Autograd over the HF module
+code adds passes of its own: each RMSNorm is six ops forward and more backward, RoPE ten (two
+muls, a neg, a cat and an add for each of q and k), and the q/k/v and gate/up projections each
+send a gradient back to their common input, summed one add at a time. (Fusing those matmuls
+under plain autograd does not help: the gradient of each slice of the fused output is assembled
+in its own zero-filled full-size buffer.) Here:
+
+- each RMSNorm is one per-row scale with a hand-written backward; its weight is folded into the
+  next matmul's weight (`(w * y) @ W.T == y @ (W * w).T`), a weight-sized op;
+- q/k/v are one matmul, RoPE one complex multiply (q/k weight rows reordered per head so that
+  rotate_half's pairs (i, i + D/2) are adjacent: q.k sums over the head dim, so reordering q and
+  k alike leaves the scores unchanged), and the backward writes q, k and v's gradients into one
+  buffer;
+- the MLP (gate, up, SiLU, product, down, residual) is one function whose backward keeps the
+  gate and up gradients apart, each contiguous (on the tiny model MKL computes their weight
+  gradients ~1.6x faster than from the strided halves of one (M, 2I) buffer);
+- matmuls read weights stored (in, out) in the forward (MKL is 1.1-1.3x faster at these shapes
+  than on the transposed view) and as stored in the backward; residuals are added by `addmm`;
+- the LM head runs on the T positions that predict completion tokens only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+
+class _RMSNorm(torch.autograd.Function):
+    """y = x * rsqrt(mean(x^2) + eps) per row of (M, C): RMSNorm without its weight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, eps: float) -> Tensor:
+        c = x.shape[-1]
+        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        r = torch.addcmul(torch.tensor(c * eps, dtype=x.dtype), r, r).rsqrt_().mul_(c**0.5)  # (M, 1)
+        y = x * r
+        ctx.save_for_backward(y, r)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        # dy_i/dx_j = r (delta_ij - y_i y_j / C), so dx = r * (grad - y * mean(grad * y))
+        y, r = ctx.saved_tensors
+        s = torch.linalg.vecdot(grad, y).unsqueeze(-1).div_(-y.shape[-1])
+        return torch.addcmul(grad, y, s).mul_(r), None
+
+
+def _mm_t(x: Tensor, w: Tensor, base: Tensor | None) -> Tensor:
+    """x @ w.T (+ base), with w (out, in) copied to (in, out) first (faster in MKL at these shapes)."""
+    wt = w.t().contiguous()
+    return torch.mm(x, wt) if base is None else torch.addmm(base, x, wt)
+
+
+class _Linear(torch.autograd.Function):
+    """x @ w.T + b + residual for x (M, K), w (N, K); b (N,) and residual (M, N) optional."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_b, ctx.has_residual = b is not None, residual is not None
+        base = b if residual is None else residual if b is None else residual + b
+        return _mm_t(x, w, base)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        return (torch.mm(grad, w) if need[0] else None, torch.mm(grad.t(), x) if need[1] else None,
+                grad.sum(0) if ctx.has_b and need[2] else None, grad if ctx.has_residual else None)
+
+
+class _RopeSplit(torch.autograd.Function):
+    """qkv (N * S, (H + 2 Hkv) D) -> RoPE'd q (N, H, S, D), k (N, Hkv, S, D) and v (N, Hkv, S, D).
+
+    `rot` (N * S, 1, D/2) complex is cos + j sin per position; q/k columns come pair-adjacent (see
+    the module docstring), so RoPE is one complex multiply. The backward writes all three gradients
+    into one (N * S, (H + 2 Hkv) D) buffer, where autograd over slices would zero-fill and add two.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, qkv: Tensor, rot: Tensor, n: int, heads: int, kv_heads: int) -> tuple[Tensor, ...]:
+        m, width = qkv.shape
+        s, d, hqk = m // n, width // (heads + 2 * kv_heads), heads + kv_heads
+        qk = torch.view_as_complex(qkv[:, : hqk * d].view(m, hqk, d // 2, 2)) * rot
+        qk = torch.view_as_real(qk).view(n, s, hqk, d)
+        v = qkv[:, hqk * d :].view(n, s, kv_heads, d).clone()
+        ctx.save_for_backward(rot)
+        ctx.dims = n, s, heads, kv_heads, d
+        return qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2), v.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx: Any, gq: Tensor, gk: Tensor, gv: Tensor) -> tuple[Tensor | None, ...]:
+        (rot,) = ctx.saved_tensors
+        n, s, h, hk, d = ctx.dims
+        grad = gq.new_empty(n, s, h + 2 * hk, d)
+        rot_conj = rot.conj().resolve_conj().view(n, s, 1, d // 2)  # a lazy conj makes mul ~3x slower
+        for g, cols in ((gq, slice(0, h)), (gk, slice(h, h + hk))):
+            g = g.transpose(1, 2)
+            if g.stride(-1) != 1:
+                g = g.contiguous()
+            torch.mul(torch.view_as_complex(g.unflatten(-1, (d // 2, 2))), rot_conj,
+                      out=torch.view_as_complex(grad[:, :, cols].unflatten(-1, (d // 2, 2))))
+        grad[:, :, h + hk :] = gv.transpose(1, 2)
+        return grad.view(n * s, -1), None, None, None, None
+
+
+class _GatedMLP(torch.autograd.Function):
+    """x + (silu(y @ wg.T + bg) * (y @ wu.T + bu)) @ wd.T + bd: LlamaMLP plus the residual, y and x (M, C)."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, bg: Tensor | None,
+                bu: Tensor | None, bd: Tensor | None) -> Tensor:
+        g, u = _mm_t(y, wg, bg), _mm_t(y, wu, bu)
+        s = F.silu(g)
+        h = s * u
+        out = _mm_t(h, wd, x)
+        if bd is not None:
+            out += bd
+        ctx.save_for_backward(y, g, u, s, h, wg, wu, wd)
+        ctx.has_b = bg is not None, bu is not None, bd is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        y, g, u, s, h, wg, wu, wd = ctx.saved_tensors
+        has_bg, has_bu, has_bd = ctx.has_b
+        gh = torch.mm(grad, wd)  # (M, I)
+        du = gh * s
+        dg = torch.ops.aten.silu_backward(gh.mul_(u), g)
+        gy = torch.mm(dg, wg).addmm_(du, wu)
+        return (gy, grad, torch.mm(dg.t(), y), torch.mm(du.t(), y), torch.mm(grad.t(), h),
+                dg.sum(0) if has_bg else None, du.sum(0) if has_bu else None, grad.sum(0) if has_bd else None)
+
+
+def _cat_or_none(tensors: list[Tensor | None]) -> Tensor | None:
+    return None if any(t is None for t in tensors) else torch.cat(tensors)
+
+
+def _attention_mask(mask: Tensor) -> dict[str, Tensor | bool]:
+    """SDPA arguments for (N, S) left-padded rows: plain causal when nothing is padded."""
+    if bool(mask.all()):
+        return {"is_causal": True}
+    s = mask.shape[1]
+    keep = mask.bool()[:, None, :] | torch.eye(s, dtype=torch.bool)  # a pad query sees itself: no all -inf row
+    return {"attn_mask": (torch.ones(s, s, dtype=torch.bool).tril() & keep)[:, None]}
+
+
+def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Tensor, t: int) -> Tensor:
+    """Logits (N, T, V) predicting the last T tokens of `ids` (N, S), as `model(...).logits[:, -T-1:-1]`.
+
+    `mask` (N, S) is 0 on left padding only; `pos` (N, S) the position ids. The caller checks the
+    model is eligible (`generate._fast_path_ok`, no dropout, no gradient checkpointing).
+    """
+    cfg, inner = model.config, model.model
+    n, s = ids.shape
+    h, hk = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
+    eps, half = cfg.rms_norm_eps, d // 2
+    embed = inner.embed_tokens.weight
+    cos, sin = inner.rotary_emb(embed, pos)  # (N, S, D), cat(freqs, freqs)
+    rot = torch.complex(cos[..., :half], sin[..., :half]).view(n * s, 1, half)
+    order = torch.arange(d).view(2, half).t().reshape(-1)  # (i, i + D/2) adjacent
+    qk_rows = (torch.arange(h + hk)[:, None] * d + order).reshape(-1)
+    rows = torch.cat([qk_rows, torch.arange((h + hk) * d, (h + 2 * hk) * d)])  # v rows stay put
+    att_args = _attention_mask(mask)
+    gqa = {"enable_gqa": True} if hk != h else {}
+    x = F.embedding(ids.reshape(n * s), embed)  # (N * S, C)
+    for layer in inner.layers:
+        at, mlp = layer.self_attn, layer.mlp
+        w_qkv = (torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]) * layer.input_layernorm.weight)[rows]
+        b_qkv = _cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+        qkv = _Linear.apply(_RMSNorm.apply(x, eps), w_qkv, None if b_qkv is None else b_qkv[rows], None)
+        q, k, v = _RopeSplit.apply(qkv, rot, n, h, hk)
+        att = F.scaled_dot_product_attention(q, k, v, scale=at.scaling, **att_args, **gqa)
+        x = _Linear.apply(att.transpose(1, 2).reshape(n * s, h * d), at.o_proj.weight, at.o_proj.bias, x)
+        w_norm = layer.post_attention_layernorm.weight
+        x = _GatedMLP.apply(_RMSNorm.apply(x, eps), x, mlp.gate_proj.weight * w_norm, mlp.up_proj.weight * w_norm,
+                            mlp.down_proj.weight, mlp.gate_proj.bias, mlp.up_proj.bias, mlp.down_proj.bias)
+    x = x.view(n, s, -1)[:, s - t - 1 : s - 1].reshape(n * t, -1)  # the positions that predict completion tokens
+    head: nn.Linear = model.get_output_embeddings()
+    return _Linear.apply(_RMSNorm.apply(x, eps), head.weight * inner.norm.weight, None, None).view(n, t, -1)
