@@ -85,10 +85,11 @@ def test_gradient_accumulation_8x1_equals_1x8(tiny_model_dir, monkeypatch, loss,
                              reference=load_policy(str(tiny_model_dir)))
         deltas.append({k: v - base[k] for k, v in model.state_dict().items()})
     # the reference is the initial policy, so the first step's gradient is the loss's gradient at h = 0: nonzero,
-    # up to ~0.3 per parameter; float32 summation order differs by ~2e-7 between the two
-    assert max(d.abs().max().item() for d in deltas[0].values()) > 1e-2
+    # up to ~0.3 per parameter (DPO; ~2.3 for IPO); float32 summation order differs by ~1e-6 of that scale
+    scale = max(d.abs().max().item() for d in deltas[0].values())
+    assert scale > 1e-2
     for k in base:
-        torch.testing.assert_close(deltas[1][k], deltas[0][k], rtol=1e-4, atol=1e-6, msg=k)
+        torch.testing.assert_close(deltas[1][k], deltas[0][k], rtol=1e-4, atol=max(1e-6, 2e-6 * scale), msg=k)
 
 
 def test_dpo_rejects_rankings_for_a_pairwise_loss(tiny_model_dir):
