@@ -22,7 +22,9 @@ RECIPE = {
              "options": {"min_len": 3, "max_len": 5, "alphabet_size": 5, "demo_noise": 0.7, "sloppy_from": 4}},
     "sft": {"steps": 250, "batch_size": 64, "lr": 3e-3},
     "rollout": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
-    "algo": {"steps": 40, "lr": 5e-4},
+    # 40 steps passed at seed 0 but not at seeds 1-2 (train reward +0.08), so float rounding alone (a
+    # different forward) could fail it; at 60 steps seeds 0-2 gain 0.21 / 0.11 / 0.15 train reward
+    "algo": {"steps": 60, "lr": 5e-4},
     "eval": {"pass_k": 4},
     "train": {"seed": 0},
 }
