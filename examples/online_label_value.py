@@ -65,33 +65,38 @@ def main() -> None:
     task = make_task(cfg.task)
     policy, tok = load_or_build(cfg, "runs/online_label_value")  # type: ignore[arg-type]
     policy.eval()
-    gold, k, seed = gold_score_for(task), cfg.online.candidates, args.seed
+    gold, k, seed = gold_score_for(task, cfg.online.gold), cfg.online.candidates, args.seed
     heldout = heldout_pairs(cfg, policy, tok, task)
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     problems = [task.sample(rng) for _ in range(2 * args.base + cfg.online.pool * args.add)]
     cands = sample_candidates(policy, tok, problems, k, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
     by_prompt = {p.prompt: p for p in problems}
-    labeller = Labeller(gold, cfg.online.temperature, seed=seed + 1)
+    labeller = Labeller(gold, cfg.online.temperature, seed=seed + 1, tie_margin=cfg.online.tie_margin)
 
-    def label(p, a: str, b: str) -> dict:
-        chosen, rejected = labeller.choose(p, a, b)
-        return {"prompt": p.prompt, "chosen": chosen, "rejected": rejected}
+    def label(p, a: str, b: str) -> list[dict]:
+        """The pair the labeller's answer gives: none for a tie."""
+        choice = labeller.judge(p, a, b)
+        if choice == "tie":
+            return []
+        chosen, rejected = (a, b) if choice == "a" else (b, a)
+        return [{"prompt": p.prompt, "chosen": chosen, "rejected": rejected}]
 
     def fit(rows: list[dict], s: int):
-        pairs = with_gold(rows, by_prompt, task)
+        pairs = with_gold(rows, by_prompt, task, cfg.online.gold)
         return fit_reward_model(cfg, policy, tok, pairs, s).eval(), pairs
 
-    base, used = [], 0
-    while len(base) < args.base:  # the first prompts with a pair: one random pair each
+    base, used, spent = [], 0, 0
+    while spent < args.base:  # the first prompts with a pair: one random pair each
         p, c = problems[used], cands[used]
         used += 1
         if len(c) >= 2:
             i, j = random.Random(p.prompt).sample(range(len(c)), 2)
-            base.append(label(p, c[i], c[j]))
+            base += label(p, c[i], c[j])
+            spent += 1
     pool_p, pool_c = problems[2 * args.base :], cands[2 * args.base :]
     rm0, pairs0 = fit(base, seed)
     scores, mask = candidate_scores(rm0, tok, pool_p, pool_c, k)
-    print(json.dumps({"group": "base", "labels": len(base),
+    print(json.dumps({"group": "base", "labels": spent, "pairs": len(base),
                       "accuracy": round(heldout_metrics(rm0, tok, heldout)["rm/heldout_accuracy"], 4)}), flush=True)
 
     def chosen_by_rule(rule: str) -> list[tuple[int, int, int]]:
@@ -125,12 +130,12 @@ def main() -> None:
 
     for group in args.groups:
         picks = chosen_by_oracle(group) if group in ORACLE else chosen_by_rule(group)
-        added = [label(pool_p[b], pool_c[b][i], pool_c[b][j]) for b, i, j in picks]
+        added = [x for b, i, j in picks for x in label(pool_p[b], pool_c[b][i], pool_c[b][j])]
         gaps = [abs(gold(pool_p[b], pool_c[b][i]) - gold(pool_p[b], pool_c[b][j])) for b, i, j in picks]
         accs = [heldout_metrics(fit(base + added, s)[0], tok, heldout)["rm/heldout_accuracy"]
                 for s in (seed, seed + 100)]
         ties = sum(g == 0 for g in gaps) / len(gaps)
-        print(json.dumps({"group": group, "added": len(added), "gold_ties": round(ties, 3),
+        print(json.dumps({"group": group, "added": len(picks), "pairs": len(added), "gold_ties": round(ties, 3),
                           "gold_gap": round(sum(gaps) / len(gaps), 3), "accuracy": [round(a, 4) for a in accs],
                           "mean": round(sum(accs) / 2, 4)}), flush=True)
 

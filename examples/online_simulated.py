@@ -9,8 +9,9 @@ nothing is written to a labelling database.
         --set model.path=runs/reward_model/sft_policy --set sft.steps=0 \\
         --set online.selection=contrast --set train.seed=0 --set online.labels=1200
 
-Writes OUT/rounds.jsonl: per round the labels so far, held-out accuracy and gold agreement, and
-the gold ties and mean gold gap of the pairs that round chose.
+Writes OUT/rounds.jsonl: per round the labels so far (tie answers included), the pairs they gave,
+held-out accuracy and gold agreement, and the gold ties and mean gold gap of the pairs that round
+chose.
 """
 
 from __future__ import annotations
@@ -45,24 +46,27 @@ def main() -> None:
     problems: dict[str, Problem] = {}
     retrain, current = make_retrainer(cfg, policy, tok, task, heldout, problems)
     propose = make_proposer(cfg, policy, tok, task, current)
-    gold = gold_score_for(task)
-    labeller = Labeller(gold, cfg.online.temperature, seed=cfg.train.seed + 3)
+    gold = gold_score_for(task, cfg.online.gold)
+    labeller = Labeller(gold, cfg.online.temperature, seed=cfg.train.seed + 3, tie_margin=cfg.online.tie_margin)
     pairs: list[dict] = []
-    t0, r = time.perf_counter(), 0
+    t0, r, labels = time.perf_counter(), 0, 0
     with (args.out / "rounds.jsonl").open("w") as log:
-        while len(pairs) < cfg.online.labels:
+        while labels < cfg.online.labels:
             r += 1
-            batch = propose(r, min(cfg.online.retrain_every, cfg.online.labels - len(pairs)))
+            batch = propose(r, min(cfg.online.retrain_every, cfg.online.labels - labels))
             if not batch.rows:
                 break
             problems.update({p.prompt: p for p in batch.problems})
             gaps = []
             for row, problem in zip(batch.rows, batch.problems, strict=True):
                 a, b = row["responses"]
-                chosen, rejected = labeller.choose(problem, a, b)
-                pairs.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected})
+                choice = labeller.judge(problem, a, b)
+                labels += 1
+                if choice != "tie":  # a tie is a label spent that trains nothing, as the app's export skips it
+                    chosen, rejected = (a, b) if choice == "a" else (b, a)
+                    pairs.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected})
                 gaps.append(abs(gold(problem, a) - gold(problem, b)))
-            row = {"round": r, "labels": len(pairs), **retrain(pairs),
+            row = {"round": r, "labels": labels, "pairs": len(pairs), **retrain(pairs),
                    "round/gold_ties": sum(g == 0 for g in gaps) / len(gaps), "round/gold_gap": sum(gaps) / len(gaps),
                    "seconds": time.perf_counter() - t0}
             log.write(json.dumps(row) + "\n")

@@ -53,6 +53,16 @@ def test_gold_of_other_tasks_is_the_verifier_score():
     assert gold_score_for(ReverseTask()) is reverse_gold
 
 
+def test_verifier_gold_is_pass_fail_even_where_the_task_grades():
+    reverse = ReverseTask()
+    problem = Problem("reverse: abcd", "dcba", {"word": "abcd"})
+    graded, binary = gold_score_for(reverse), gold_score_for(reverse, "verifier")
+    assert graded(problem, "dcbb") == pytest.approx(0.6)  # 3 of 4 letters: partial credit
+    assert binary(problem, "dcbb") == 0.0 and binary(problem, "dcba") == 1.0
+    with pytest.raises(ValueError, match="'task' or 'verifier'"):
+        gold_score_for(reverse, "graded")
+
+
 def test_choice_probability_by_hand():
     # (0.8 - 0.2) / 0.1 = 6 -> sigmoid(6) = 1 / (1 + e^-6) = 0.9975274
     assert choice_probability(0.8, 0.2, 0.1) == pytest.approx(0.9975274, abs=1e-7)
@@ -76,6 +86,19 @@ def test_noise_free_ties_are_coin_flips():
     labeller = Labeller(reverse_gold, temperature=0.0, seed=0)
     firsts = [labeller.choose(WORD, "edcbx", "xdcba")[0] for _ in range(400)]  # both 0.64
     assert 150 < firsts.count("edcbx") < 250, firsts.count("edcbx")
+
+
+def test_judge_says_tie_within_the_margin_and_otherwise_picks_a_side():
+    # gold: edcbx 0.64, xdcba 0.64, edcbaa 0.72, edcba 1.0
+    never = Labeller(reverse_gold, temperature=0.0, seed=0)
+    assert {never.judge(WORD, "edcbx", "xdcba") for _ in range(50)} == {"a", "b"}  # no margin: coin flips
+    exact = Labeller(reverse_gold, temperature=0.0, seed=0, tie_margin=0.0)
+    assert exact.judge(WORD, "edcbx", "xdcba") == "tie"
+    assert (exact.judge(WORD, "edcbx", "edcbaa"), exact.judge(WORD, "edcba", "edcbx")) == ("b", "a")
+    wide = Labeller(reverse_gold, temperature=0.0, seed=0, tie_margin=0.1)
+    assert wide.judge(WORD, "edcbx", "edcbaa") == "tie" and wide.judge(WORD, "edcba", "edcbaa") == "a"
+    with pytest.raises(ValueError, match="tie_margin must be >= 0"):
+        Labeller(reverse_gold, tie_margin=-0.1)
 
 
 def test_noisy_choice_frequency_matches_bradley_terry():

@@ -47,6 +47,14 @@ def test_contrast_takes_random_prompts_and_their_most_distinct_pair():
         assert pairs.tolist() == [best[b] for b in chosen.tolist()]
 
 
+def test_widest_takes_the_prompts_with_the_widest_gap_first():
+    # widest pair per prompt: 0 -> (0, 2) gap 3.0; 1 none; 2 -> (0, 1) gap 4.0; 3 -> (0, 1) gap 9.0
+    chosen, pairs = choose_pairs("widest", SCORES, MASK, 2, torch.Generator().manual_seed(0))
+    assert chosen.tolist() == [3, 2] and pairs.tolist() == [[0, 1], [0, 1]]
+    chosen, _ = choose_pairs("widest", SCORES, MASK, 10, torch.Generator().manual_seed(0))
+    assert chosen.tolist() == [3, 2, 0]  # never the prompt without a pair
+
+
 def test_bald_and_committee_need_their_evidence():
     with pytest.raises(ValueError, match="selection 'committee' needs"):
         choose_pairs("committee", SCORES, MASK, 2, torch.Generator().manual_seed(0))
@@ -193,5 +201,5 @@ def test_cli_names_a_bad_selection_rule(tmp_path):
 
     result = CliRunner().invoke(app, ["label", "online", "--out", str(tmp_path), "--set", "online.selection=best"])
     assert result.exit_code == 2
-    assert ("online.selection: Input should be 'contrast', 'committee', 'bald', 'active', 'random' or 'mixed' "
-            "(got 'best')") in result.output
+    assert ("online.selection: Input should be 'contrast', 'widest', 'committee', 'bald', 'active', 'random' or "
+            "'mixed' (got 'best')") in result.output

@@ -78,9 +78,16 @@ def reverse_harm(problem: Problem, completion: str) -> float:
 GOLD_COSTS: dict[str, GoldScore] = {"reverse": reverse_harm}
 
 
-def gold_score_for(task: Task) -> GoldScore:
-    """The task's own gold function, else its verifier's score (binary for most verifiers)."""
-    return GOLD_SCORES.get(task.name, lambda problem, completion: task.verify(problem, completion).score)
+def gold_score_for(task: Task, kind: str = "task") -> GoldScore:
+    """kind "task": the task's own graded gold function, else its verifier's score (binary for most
+    verifiers); kind "verifier": always the verifier's score (a labeller who only asks "is it right?")."""
+    if kind not in ("task", "verifier"):
+        raise ValueError(f"gold kind must be 'task' or 'verifier', got {kind!r}")
+
+    def verifier(problem: Problem, completion: str) -> float:
+        return task.verify(problem, completion).score
+
+    return verifier if kind == "verifier" else GOLD_SCORES.get(task.name, verifier)
 
 
 def gold_cost_for(task: Task) -> GoldScore:
@@ -105,12 +112,17 @@ class Labeller:
 
     kind "cost": `gold` is a gold cost, the choice picks the more harmful response, and pair rows
     also carry per-response safety labels (unsafe = cost > 0).
+
+    `tie_margin`: in `judge` (the labelling app's A/B/tie), the labeller answers "tie" when the two
+    gold scores are within this margin (both right or both wrong, for a pass/fail gold), instead of a
+    coin flip; None = never. `choose` always picks one.
     """
 
     gold: GoldScore
     temperature: float = 0.1
     seed: int = 0
     kind: str = "reward"
+    tie_margin: float | None = None
     rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -118,12 +130,20 @@ class Labeller:
             raise ValueError(f"labeller kind must be 'reward' or 'cost', got {self.kind!r}")
         if self.temperature < 0:
             raise ValueError(f"labeller temperature must be >= 0 (0 = noise-free), got {self.temperature}")
+        if self.tie_margin is not None and self.tie_margin < 0:
+            raise ValueError(f"labeller tie_margin must be >= 0 or None, got {self.tie_margin}")
         self.rng = random.Random(self.seed)
 
     def choose(self, problem: Problem, a: str, b: str) -> tuple[str, str]:
         """-> (chosen, rejected), a Bradley-Terry draw on the gold scores."""
         p = choice_probability(self.gold(problem, a), self.gold(problem, b), self.temperature)
         return (a, b) if self.rng.random() < p else (b, a)
+
+    def judge(self, problem: Problem, a: str, b: str) -> str:
+        """The labelling app's answer: "a", "b", or "tie" (gold scores within `tie_margin`)."""
+        if self.tie_margin is not None and abs(self.gold(problem, a) - self.gold(problem, b)) <= self.tie_margin:
+            return "tie"
+        return "a" if self.choose(problem, a, b)[0] == a else "b"
 
     def rank(self, problem: Problem, responses: list[str]) -> list[str]:
         """-> responses best first, a Plackett-Luce draw (Gumbel-max trick) on gold / temperature."""

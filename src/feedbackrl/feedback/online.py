@@ -24,7 +24,8 @@ One run:
 Selection (`algos/pair_selection.py`; docs/human_feedback.md measures them): `random` takes
 random prompts and a random pair of their candidates (the default: no other rule has beaten it on the
 toy domain). `contrast` takes the
-same random prompts and, of each, the pair the current reward model scores furthest apart.
+same random prompts and, of each, the pair the current reward model scores furthest apart; `widest`
+takes that pair of the prompts where it is widest.
 `active` takes the prompts whose least certain pair (|P(a > b) - 0.5| smallest) is least certain;
 `mixed` half of each round at random and half actively. `committee` and `bald` take the prompts
 whose pair has the most mutual information between its label and the model (BALD), under
@@ -91,10 +92,11 @@ IDLE_S = 0.5  # seconds the labeller waits on an empty queue (it idles while the
 
 
 class OnlineConfig(Section):
-    selection: Literal["contrast", "committee", "bald", "active", "random", "mixed"] = Field(
+    selection: Literal["contrast", "widest", "committee", "bald", "active", "random", "mixed"] = Field(
         "random", description="how pairs are chosen (docs/human_feedback.md): random prompts and the pair the "
-        "reward model scores furthest apart (contrast); most informative by committee disagreement (committee) or "
-        "under a Laplace posterior of the head (bald); least certain (active); random; half active (mixed)")
+        "reward model scores furthest apart (contrast); the prompts where that gap is widest (widest); most "
+        "informative by committee disagreement (committee) or under a Laplace posterior of the head (bald); "
+        "least certain (active); random; half active (mixed)")
     committee: int = Field(4, ge=2, le=16, description="committee: reward models trained per round (1 + resamples)")
     prior_precision: float = Field(1.0, gt=0, description="bald: precision of the Gaussian prior on the reward head")
     labels: int = Field(600, ge=1, description="label budget: the run stops after this many labels")
@@ -103,6 +105,12 @@ class OnlineConfig(Section):
     pool: int = Field(4, ge=1, le=64, description="prompts sampled per label wanted (active keeps the least sure)")
     heldout_prompts: int = Field(1000, ge=1, description="held-out prompts, one pair each, labelled once")
     temperature: float = Field(0.05, ge=0, description="labeller noise: P(a > b) = sigmoid((gold_a - gold_b) / T)")
+    tie_margin: float | None = Field(
+        None, ge=0, description="the labeller answers 'tie' when the two gold scores are within this margin (ties "
+        "train nothing and held-out ties are dropped); none = it always picks a side")
+    gold: Literal["task", "verifier"] = Field(
+        "task", description="the simulated labeller's hidden gold: the task's graded score (reverse: partial credit "
+        "for near misses) or its verifier's pass/fail (a labeller who only asks 'is it right?')")
     db: str = Field("", description='labelling database URL or SQLite path; "" = OUT/labels.db')
     wait_s: float = Field(600, gt=0, description="how long to wait for a round's labels before giving up")
 
@@ -201,9 +209,8 @@ class HttpLabeller(threading.Thread):
                         self.stop.wait(IDLE_S)
                         continue
                     a, b = item["responses"]
-                    chosen, _ = self.labeller.choose(self.problems[item["prompt"]], a, b)
-                    body = {"submission_id": uuid.uuid4().hex, "item_id": item["id"],
-                            "choice": "a" if chosen == a else "b"}
+                    choice = self.labeller.judge(self.problems[item["prompt"]], a, b)
+                    body = {"submission_id": uuid.uuid4().hex, "item_id": item["id"], "choice": choice}
                     c.post(f"/api/projects/{self.project}/labels", json=body).raise_for_status()
                     self.submitted += 1
         except BaseException as e:  # surfaced by `check`: the loop would otherwise wait forever
@@ -239,7 +246,7 @@ def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: P
     once (the cursor is the highest label id seen; the export returns only newer labels)."""
     pairs: Pairs = []
     cursor, answered, t0 = 0, 0, time.perf_counter()
-    sink.log(0, {"phase": "online", "labels": 0, **retrain(pairs), "seconds": 0.0})
+    sink.log(0, {"phase": "online", "labels": 0, "pairs": 0, **retrain(pairs), "seconds": 0.0})
     r = 0
     while answered < labels:
         r += 1
@@ -260,7 +267,8 @@ def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: P
         cursor = max(ids, default=cursor)
         pairs += new
         metrics = retrain(pairs)
-        sink.log(r, {"phase": "online", "labels": len(pairs), "answered": answered, "new_pairs": len(new),
+        sink.log(r, {"phase": "online", "labels": answered, "pairs": len(pairs), "new_pairs": len(new),
+                     "labels/tie_share": 1 - len(pairs) / answered,
                      **metrics, "seconds": time.perf_counter() - t0, "time/propose_s": t_posted - t_round,
                      "time/labels_s": t_labelled - t_posted, "time/retrain_s": time.perf_counter() - t_labelled})
     return pairs
@@ -302,6 +310,10 @@ def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: in
     if selection == "contrast":  # random prompts, the pair the model scores furthest apart
         chosen = shuffled[:n]
         return chosen, contrast_pairs(scores, mask)[0][chosen]
+    if selection == "widest":  # the prompts whose best-vs-worst gap is widest, and that pair
+        pairs, gap = contrast_pairs(scores, mask)
+        chosen = least_certain(-gap, n)  # no pair: gap -inf, dropped
+        return chosen, pairs[chosen]
     if selection in ("bald", "committee"):
         if evidence is None:
             raise ValueError(f"selection {selection!r} needs its evidence: the score covariance (bald) or the "
@@ -383,17 +395,21 @@ def make_proposer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreT
 
 def heldout_pairs(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                   task: Task) -> list[PreferencePair]:
-    """One labelled pair per held-out prompt with two distinct samples, fixed across seeds and rules."""
+    """One labelled pair per held-out prompt with two distinct samples, fixed across seeds and rules;
+    with `online.tie_margin`, without the pairs the labeller would call a tie (they have no answer)."""
     problems = task.heldout(cfg.online.heldout_prompts)
     gen = torch.Generator().manual_seed(HELDOUT_SEED)
     cands = sample_candidates(policy, tokenizer, problems, 2, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
-    labeller = Labeller(gold_score_for(task), cfg.online.temperature, seed=HELDOUT_SEED)
-    return load_preference_pairs(label_rows(labeller, problems, cands, 2))[0]
+    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=HELDOUT_SEED)
+    rows = label_rows(labeller, problems, cands, 2)
+    if (margin := cfg.online.tie_margin) is not None:
+        rows = [r for r in rows if abs(r["gold_chosen"] - r["gold_rejected"]) > margin]
+    return load_preference_pairs(rows)[0]
 
 
-def with_gold(rows: Pairs, problems: dict[str, Problem], task: Task) -> list[PreferencePair]:
+def with_gold(rows: Pairs, problems: dict[str, Problem], task: Task, gold_kind: str = "task") -> list[PreferencePair]:
     """Exported pairs -> PreferencePairs with the gold columns (for measuring only, never training)."""
-    gold = gold_score_for(task)
+    gold = gold_score_for(task, gold_kind)
     out = []
     for row in rows:
         problem = problems[row["prompt"]]
@@ -415,10 +431,10 @@ def label_gold_stats(pairs: list[PreferencePair]) -> dict[str, float]:
 def summarise(rows: list[dict[str, Any]], thresholds: tuple[float, ...]) -> dict[str, Any]:
     """Labels needed to first reach each held-out accuracy (None if never), and the final numbers.
 
-    Only trained models count (labels > 0): an untrained head can be right by chance."""
+    Only trained models count (pairs > 0): an untrained head can be right by chance."""
     out: dict[str, Any] = {"final_labels": rows[-1]["labels"], "final_accuracy": rows[-1]["rm/heldout_accuracy"],
                            "final_gold_agreement": rows[-1].get("rm/heldout_gold_agreement")}
-    trained = [r for r in rows if r["labels"] > 0]
+    trained = [r for r in rows if r.get("pairs", r["labels"]) > 0]
     for x in thresholds:
         out[f"labels_to_{x:g}"] = next((r["labels"] for r in trained if r["rm/heldout_accuracy"] >= x), None)
     return out
@@ -472,7 +488,7 @@ def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: Pre
     state: dict[str, Fitted | None] = {"fitted": None}
 
     def retrain(rows: Pairs) -> dict[str, float]:
-        pairs = with_gold(rows, problems, task)
+        pairs = with_gold(rows, problems, task, cfg.online.gold)
         rm = fit_reward_model(cfg, policy, tokenizer, pairs, cfg.train.seed)
         if pairs:
             members = bootstrap_members(cfg, policy, tokenizer, pairs) if cfg.online.selection == "committee" else []
@@ -506,7 +522,8 @@ def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[s
     problems: dict[str, Problem] = {}
     retrain, current = make_retrainer(cfg, policy, tokenizer, task, heldout, problems)
     propose = make_proposer(cfg, policy, tokenizer, task, current)
-    labeller = Labeller(gold_score_for(task), cfg.online.temperature, seed=cfg.train.seed + 3)
+    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=cfg.train.seed + 3,
+                        tie_margin=cfg.online.tie_margin)
     with LiveServer(create_app(sessions=sessions)) as server:
         api = AdminApi(server.url, admin)
         token = api.setup(f"online-{cfg.online.selection}-{uuid.uuid4().hex[:8]}", f"sim-{uuid.uuid4().hex[:8]}")
@@ -522,7 +539,8 @@ def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[s
     sessions.kw["bind"].dispose()
     rows = [r for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("phase") == "online"]
     report = {"selection": cfg.online.selection, "seed": cfg.train.seed, "project_id": api.project,
-              "labels": len(pairs), "heldout_pairs": len(heldout), "heldout_ceiling": ceiling,
+              "labels": rows[-1]["labels"], "pairs": len(pairs), "heldout_pairs": len(heldout),
+              "heldout_ceiling": ceiling,
               "labeller_submitted": worker.submitted, **summarise(rows, ACCURACY_MARKS),
               "curve": [[r["labels"], r["rm/heldout_accuracy"]] for r in rows],
               "wall_seconds": time.perf_counter() - t0}
