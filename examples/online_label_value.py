@@ -77,7 +77,7 @@ def main() -> None:
         """The pair the labeller's answer gives: none for a tie."""
         choice = labeller.judge(p, a, b)
         if choice == "tie":
-            return []
+            return [{"prompt": p.prompt, "chosen": a, "rejected": b, "tie": True}] if cfg.online.train_on_ties else []
         chosen, rejected = (a, b) if choice == "a" else (b, a)
         return [{"prompt": p.prompt, "chosen": chosen, "rejected": rejected}]
 
@@ -96,7 +96,7 @@ def main() -> None:
     pool_p, pool_c = problems[2 * args.base :], cands[2 * args.base :]
     rm0, pairs0 = fit(base, seed)
     scores, mask = candidate_scores(rm0, tok, pool_p, pool_c, k)
-    print(json.dumps({"group": "base", "labels": spent, "pairs": len(base),
+    print(json.dumps({"group": "base", "labels": spent, "pairs": sum(not x.get("tie") for x in base),
                       "accuracy": round(heldout_metrics(rm0, tok, heldout)["rm/heldout_accuracy"], 4)}), flush=True)
 
     def chosen_by_rule(rule: str) -> list[tuple[int, int, int]]:
@@ -135,7 +135,8 @@ def main() -> None:
         accs = [heldout_metrics(fit(base + added, s)[0], tok, heldout)["rm/heldout_accuracy"]
                 for s in (seed, seed + 100)]
         ties = sum(g == 0 for g in gaps) / len(gaps)
-        print(json.dumps({"group": group, "added": len(picks), "pairs": len(added), "gold_ties": round(ties, 3),
+        prefs = sum(not x.get("tie") for x in added)
+        print(json.dumps({"group": group, "added": len(picks), "pairs": prefs, "gold_ties": round(ties, 3),
                           "gold_gap": round(sum(gaps) / len(gaps), 3), "accuracy": [round(a, 4) for a in accs],
                           "mean": round(sum(accs) / 2, 4)}), flush=True)
 

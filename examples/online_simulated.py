@@ -62,11 +62,13 @@ def main() -> None:
                 a, b = row["responses"]
                 choice = labeller.judge(problem, a, b)
                 labels += 1
-                if choice != "tie":  # a tie is a label spent that trains nothing, as the app's export skips it
+                if choice != "tie":
                     chosen, rejected = (a, b) if choice == "a" else (b, a)
                     pairs.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected})
+                elif cfg.online.train_on_ties:  # as the loop's export gives ties: target 1/2
+                    pairs.append({"prompt": row["prompt"], "chosen": a, "rejected": b, "tie": True})
                 gaps.append(abs(gold(problem, a) - gold(problem, b)))
-            row = {"round": r, "labels": labels, "pairs": len(pairs), **retrain(pairs),
+            row = {"round": r, "labels": labels, "pairs": sum(not p.get("tie") for p in pairs), **retrain(pairs),
                    "round/gold_ties": sum(g == 0 for g in gaps) / len(gaps), "round/gold_gap": sum(gaps) / len(gaps),
                    "seconds": time.perf_counter() - t0}
             log.write(json.dumps(row) + "\n")

@@ -38,6 +38,28 @@ def test_bradley_terry_with_margin_hand_computed():
     assert stats["rm/margin"].item() == pytest.approx(0.5)
 
 
+def test_bradley_terry_tie_rows_have_target_one_half():
+    # Row 0 a preference, d = 2: -log sigmoid(2) = 0.126928.
+    # Row 1 a tie, d = 2: -(log sigmoid(2) + log sigmoid(-2)) / 2 = (0.126928 + 2.126928) / 2 = 1.126928.
+    # Row 2 a tie, d = 0: log 2 = 0.693147. Mean (0.126928 + 1.126928 + 0.693147) / 3 = 0.649001.
+    chosen = torch.tensor([2.0, 2.0, 0.0], requires_grad=True)
+    rejected = torch.tensor([0.0, 0.0, 0.0])
+    tie = torch.tensor([False, True, True])
+    loss, stats = bradley_terry_loss(chosen, rejected, tie=tie)
+    assert loss.item() == pytest.approx(0.649001, abs=1e-6)
+    # d/dr_c of a tie row: (sigmoid(d) - 1/2) / N, zero at d = 0: row 1 (0.880797 - 0.5) / 3 = 0.126932;
+    # the preference row as before, -(1 - 0.880797) / 3 = -0.039734.
+    loss.backward()
+    assert chosen.grad.tolist() == pytest.approx([-0.039734, 0.126932, 0.0], abs=1e-6)
+    # the stats count the preference row only: right, margin 2
+    assert stats["rm/accuracy"].item() == 1.0 and stats["rm/margin"].item() == pytest.approx(2.0)
+    # all ties: the stats fall back to every row rather than an empty mean
+    _, stats = bradley_terry_loss(chosen.detach(), rejected, tie=torch.ones(3, dtype=torch.bool))
+    assert stats["rm/margin"].item() == pytest.approx(4 / 3)
+    with pytest.raises(ValueError, match="tie must be"):
+        bradley_terry_loss(chosen, rejected, tie=torch.zeros(2, dtype=torch.bool))
+
+
 def test_pairwise_accuracy_ties_count_half():
     # correct, wrong, tie, tie -> (1 + 0 + 0.5 + 0.5) / 4 = 0.5
     chosen = torch.tensor([1.0, 0.0, 3.0, -1.0])

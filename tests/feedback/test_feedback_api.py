@@ -196,6 +196,11 @@ def test_queue_refill_seam_status_and_new_pairs(world_client):
     assert c.get(f"{p}/status", headers=a).json()["items"] == 5
     newer = c.get(f"{p}/export", params={"since_id": status["last_label_id"]}, headers=a).json()
     assert [(r["prompt"], r["chosen"], r["rejected"]) for r in newer] == [("new", "y", "x")]
+    c.post(f"{p}/labels", json=label(w.items1[1], "tie", "s10"), headers=auth(w.alice))
+    assert len(c.get(f"{p}/export", params={"since_id": status["last_label_id"]}, headers=a).json()) == 1
+    with_ties = c.get(f"{p}/export", params={"since_id": status["last_label_id"], "ties": True}, headers=a).json()
+    assert [r.get("tie", False) for r in with_ties] == [False, True]
+    assert (with_ties[1]["chosen"], with_ties[1]["rejected"]) == ("good 1", "bad 1")  # the item's order
     assert c.get(f"{p}/status", headers=auth(w.alice)).status_code == 403
 
 

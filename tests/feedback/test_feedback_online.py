@@ -138,6 +138,48 @@ def test_loop_retrains_every_n_labels_and_counts_each_label_once(sessions, tmp_p
         (0, 0, None), (1, 10, 10), (2, 20, 10), (3, 25, 5)]
 
 
+def test_loop_counts_tie_answers_as_labels_and_fetches_them_as_tie_rows(sessions, tmp_path):
+    """A pass/fail labeller with tie_margin 0: a pair of two wrong answers is a tie. 8 labels, N = 4:
+    half the items are ties; every answer counts as a label, the ties come back marked "tie" (in
+    the item's order) and are not counted as preference pairs."""
+    with sessions() as s:
+        admin = create_labeller(s, "admin", is_admin=True)[1]
+        s.commit()
+    seen: list[list[dict]] = []
+
+    def propose(r: int, n: int) -> Round:
+        problems = [Problem(f"w{r}x{i}=", f"{i}x{r}w") for i in range(n)]
+        rows = [{"prompt": p.prompt, "responses": ["wrong", p.answer if i % 2 == 0 else "also wrong"]}
+                for i, p in enumerate(problems)]
+        return Round(rows, problems)
+
+    def retrain(pairs: list[dict]) -> dict[str, float]:
+        seen.append(list(pairs))
+        return {"rm/heldout_accuracy": 0.5}
+
+    problems: dict[str, Problem] = {}
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    with LiveServer(create_app(sessions=sessions)) as server:
+        api = AdminApi(server.url, admin)
+        token = api.setup("online", "sim")
+        labeller = Labeller(reverse_gold, 0.0, tie_margin=0.0)
+        worker = HttpLabeller(server.url, token, api.project, labeller, problems)
+        worker.start()
+        try:
+            pairs = online_loop(api, problems, propose, retrain, 8, 4, 60, sink, worker.check, ties=True)
+        finally:
+            worker.stop.set()
+            worker.join(timeout=10)
+    sink.close()
+    assert worker.submitted == 8 and len(pairs) == 8 and [len(x) for x in seen] == [0, 4, 8]
+    ties = [p for p in pairs if p.get("tie")]
+    assert [(p["chosen"], p["rejected"]) for p in ties] == [("wrong", "also wrong")] * 4
+    assert all(p["chosen"] == problems[p["prompt"]].answer for p in pairs if not p.get("tie"))
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["labels"], r["pairs"], r.get("tie_rows"), r.get("labels/no_preference")) for r in rows] == [
+        (0, 0, None, None), (4, 2, 2, 0.5), (8, 4, 4, 0.5)]
+
+
 def test_labeller_errors_stop_the_loop_instead_of_hanging(sessions, tmp_path):
     with sessions() as s:
         admin = create_labeller(s, "admin", is_admin=True)[1]

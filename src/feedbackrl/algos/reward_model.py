@@ -8,6 +8,11 @@ Stiennon et al. 2020 ("Learning to summarize", eq. 1) and Ouyang et al. 2022 (In
 `margin` is Llama 2's variant (Touvron et al. 2023, eq. 2): -log sigmoid(r_c - r_r - m(r)) with a
 per-pair margin that is larger when annotators said the chosen response is much better.
 
+`tie`: a labeller's "tie" (the app's third answer) is a Bradley-Terry observation with target 1/2,
+-(log sigmoid(d) + log sigmoid(-d)) / 2, the soft-label cross-entropy (as for ties in RewardBench-style
+data and Rao and Kupper 1967's limit of no tie band). It is smallest at d = 0: it pulls the two
+scores together instead of being thrown away.
+
 `safety_cost_loss` is Safe RLHF's cost-model loss (Dai et al. 2023, "Safe RLHF", section 3.2): the same pairwise term
 on (costlier, safer) pairs plus a classification term per response, -log sigmoid(s * c) with
 s = +1 for a response labelled unsafe and -1 for a safe one, which pins the cost's zero to the
@@ -34,11 +39,15 @@ def pairwise_accuracy(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tenso
     return ((diff > 0).float() + 0.5 * (diff == 0).float()).mean()
 
 
-def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor,
-                       margin: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor, margin: Tensor | None = None,
+                       tie: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """chosen_rewards, rejected_rewards, margin: (N,) -> mean -log sigmoid(r_c - r_r - margin).
 
-    Stats: `rm/accuracy` (ties count one half), `rm/margin` (mean r_c - r_r), and the mean
+    tie: (N,) bool, rows the labeller called a tie (their order means nothing): those rows cost
+    -(log sigmoid(d) + log sigmoid(-d)) / 2 with d = r_c - r_r (no margin), and are left out of
+    the accuracy and margin stats.
+
+    Stats: `rm/accuracy` (equal scores count one half), `rm/margin` (mean r_c - r_r), and the mean
     chosen and rejected rewards.
     """
     if chosen_rewards.shape != rejected_rewards.shape or chosen_rewards.dim() != 1:
@@ -49,11 +58,20 @@ def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor,
         if margin.shape != diff.shape:
             raise ValueError(f"margin must be (N,) = {tuple(diff.shape)}; got {tuple(margin.shape)}")
         diff = diff - margin.float()
-    loss = -F.logsigmoid(diff).mean()
+    per_row = -F.logsigmoid(diff)
+    pref = torch.ones_like(diff, dtype=torch.bool)
+    if tie is not None:
+        if tie.shape != diff.shape:
+            raise ValueError(f"tie must be (N,) = {tuple(diff.shape)}; got {tuple(tie.shape)}")
+        pref = ~tie.bool()
+        d = chosen_rewards.float() - rejected_rewards.float()
+        per_row = torch.where(pref, per_row, -(F.logsigmoid(d) + F.logsigmoid(-d)) / 2)
+    loss = per_row.mean()
     with torch.no_grad():
+        c, r = (chosen_rewards[pref], rejected_rewards[pref]) if pref.any() else (chosen_rewards, rejected_rewards)
         stats = {
-            "rm/accuracy": pairwise_accuracy(chosen_rewards, rejected_rewards),
-            "rm/margin": (chosen_rewards - rejected_rewards).float().mean(),
+            "rm/accuracy": pairwise_accuracy(c, r),
+            "rm/margin": (c - r).float().mean(),
             "rm/chosen_mean": chosen_rewards.float().mean(),
             "rm/rejected_mean": rejected_rewards.float().mean(),
         }

@@ -246,14 +246,16 @@ def _api_routes(app: FastAPI) -> None:
             return L.queue_status(s, project_for(s, who, project_id))
 
     @app.get("/api/projects/{project_id}/export")
-    def export(request: Request, project_id: int, format: str = "pairs", since_id: int = 0) -> list:
-        """The project's labels as dataset rows (admin); `since_id` (pairs only) returns only newer labels."""
+    def export(request: Request, project_id: int, format: str = "pairs", since_id: int = 0,
+               ties: bool = False) -> list:
+        """The project's labels as dataset rows (admin); `since_id` (pairs only) returns only newer labels,
+        `ties` (pairs only) adds tie labels as rows marked "tie"."""
         if format not in FORMATS:
             raise FeedbackError(f"format must be one of {', '.join(FORMATS)}; got {format!r}")
         with signed_in(request, admin=True) as (s, who):
             project = project_for(s, who, project_id)
             if format == "pairs":
-                return labelled_pairs(s, project, since_id)
+                return labelled_pairs(s, project, since_id, ties)
             return export_rows(s, project, format)  # type: ignore[arg-type]
 
 

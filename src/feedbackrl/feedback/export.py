@@ -2,7 +2,8 @@
 
 Every active (not undone) label becomes data; there is no majority vote, so when labellers
 disagree both directions appear, each row naming its labeller. Skips and ties carry no
-preference and are left out of pairs and rankings (the "labels" format keeps everything).
+preference and are left out of pairs and rankings (the "labels" format keeps everything;
+`labelled_pairs(..., ties=True)`, the online loop's export, keeps ties as rows marked "tie").
 
 - pairs:    ``{"prompt", "chosen", "rejected", ...meta}`` from pairwise labels; from each ranking,
             every pair it implies (k*(k-1)/2, as in InstructGPT); from accept/reject labels, each
@@ -68,14 +69,21 @@ def _order(label: Label) -> list[int] | None:
     return None
 
 
-def labelled_pairs(s: Session, project: Project, since_id: int = 0) -> list[dict[str, Any]]:
-    """Preference pairs from the project's active labels with id > `since_id`, oldest first."""
+def labelled_pairs(s: Session, project: Project, since_id: int = 0, ties: bool = False) -> list[dict[str, Any]]:
+    """Preference pairs from the project's active labels with id > `since_id`, oldest first.
+
+    ties: also pairwise "tie" labels, as rows {"chosen": response a, "rejected": response b, "tie": true}
+    (their order means nothing; `algos.reward_model.bradley_terry_loss` trains them with target 1/2)."""
     rows: list[dict[str, Any]] = []
     accepted: dict[str, list[tuple[Label, Item, str]]] = defaultdict(list)
     rejected: dict[str, list[tuple[Label, Item, str]]] = defaultdict(list)
     for label, item, name in _active_labels(s, project, since_id):
         if label.choice in ("accept", "reject"):
             (accepted if label.choice == "accept" else rejected)[item.prompt].append((label, item, name))
+            continue
+        if ties and label.choice == "tie":
+            rows.append({"prompt": item.prompt, "chosen": item.responses[0], "rejected": item.responses[1],
+                         "tie": True, **_meta(project, label, item, name)})
             continue
         order = _order(label)
         for better, worse in combinations(order or [], 2):

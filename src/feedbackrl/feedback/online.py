@@ -108,6 +108,8 @@ class OnlineConfig(Section):
     tie_margin: float | None = Field(
         None, ge=0, description="the labeller answers 'tie' when the two gold scores are within this margin (ties "
         "train nothing and held-out ties are dropped); none = it always picks a side")
+    train_on_ties: bool = Field(True, description="fetch the labeller's ties too and train them with target 1/2 "
+                                "(else a tie is a label spent that trains nothing)")
     gold: Literal["task", "verifier"] = Field(
         "task", description="the simulated labeller's hidden gold: the task's graded score (reverse: partial credit "
         "for near misses) or its verifier's pass/fail (a labeller who only asks 'is it right?')")
@@ -172,8 +174,8 @@ class AdminApi:
     def status(self) -> dict[str, int]:
         return self.call("GET", f"/api/projects/{self.project}/status")
 
-    def pairs_since(self, since_id: int) -> Pairs:
-        return self.call("GET", f"/api/projects/{self.project}/export", params={"since_id": since_id})
+    def pairs_since(self, since_id: int, ties: bool = False) -> Pairs:
+        return self.call("GET", f"/api/projects/{self.project}/export", params={"since_id": since_id, "ties": ties})
 
     def wait_for_labels(self, target: int, wait_s: float, check: Callable[[], None] = lambda: None) -> None:
         """Block until the project has `target` active labels (a skip counts: it answers an item).
@@ -238,12 +240,14 @@ Retrain = Callable[[Pairs], dict[str, float]]  # all pairs so far -> held-out me
 
 def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: Propose, retrain: Retrain,
                 labels: int, every: int, wait_s: float, sink: MetricsSink,
-                check: Callable[[], None] = lambda: None) -> Pairs:
+                check: Callable[[], None] = lambda: None, ties: bool = False) -> Pairs:
     """Rounds of propose -> post -> wait for the labels -> fetch the new pairs -> retrain -> log.
 
     Each round asks for `min(every, labels left)` pairs; the loop ends when `labels` items have
     been answered, or when a round can propose nothing. Returns every pair fetched, each label
-    once (the cursor is the highest label id seen; the export returns only newer labels)."""
+    once (the cursor is the highest label id seen; the export returns only newer labels), with the
+    labeller's ties as rows marked "tie" if `ties`. Logged per round: `labels` answered (ties and
+    skips included: the labeller's effort), `pairs` that state a preference, `tie_rows` fetched."""
     pairs: Pairs = []
     cursor, answered, t0 = 0, 0, time.perf_counter()
     sink.log(0, {"phase": "online", "labels": 0, "pairs": 0, **retrain(pairs), "seconds": 0.0})
@@ -260,15 +264,16 @@ def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: P
         t_posted = time.perf_counter()
         api.wait_for_labels(answered, wait_s, check)
         t_labelled = time.perf_counter()
-        new = api.pairs_since(cursor)
+        new = api.pairs_since(cursor, ties)
         ids = [row["label_id"] for row in new]
         if any(i <= cursor for i in ids) or len(set(ids)) != len(ids):
             raise RuntimeError(f"export since label {cursor} returned old or repeated labels: {ids[:10]}")
         cursor = max(ids, default=cursor)
         pairs += new
         metrics = retrain(pairs)
-        sink.log(r, {"phase": "online", "labels": answered, "pairs": len(pairs), "new_pairs": len(new),
-                     "labels/tie_share": 1 - len(pairs) / answered,
+        preferences = sum(not row.get("tie") for row in pairs)
+        sink.log(r, {"phase": "online", "labels": answered, "pairs": preferences, "tie_rows": len(pairs) - preferences,
+                     "new_pairs": len(new), "labels/no_preference": 1 - preferences / answered,
                      **metrics, "seconds": time.perf_counter() - t0, "time/propose_s": t_posted - t_round,
                      "time/labels_s": t_labelled - t_posted, "time/retrain_s": time.perf_counter() - t_labelled})
     return pairs
@@ -420,7 +425,9 @@ def with_gold(rows: Pairs, problems: dict[str, Problem], task: Task, gold_kind: 
 
 
 def label_gold_stats(pairs: list[PreferencePair]) -> dict[str, float]:
-    """How informative the labels so far are: the share that agree with gold, and of gold ties."""
+    """How informative the labels so far are: the share that agree with gold, and of gold ties
+    (tie answers, which state no order, are left out)."""
+    pairs = [p for p in pairs if not p.meta.get("tie")]
     if not pairs:
         return {}
     ceiling = label_ceiling([{**p.meta, "p_chosen": 0.5} for p in pairs])
@@ -530,8 +537,8 @@ def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[s
         worker = HttpLabeller(server.url, token, api.project, labeller, problems)
         worker.start()
         try:
-            pairs = online_loop(api, problems, propose, retrain, cfg.online.labels, cfg.online.retrain_every,
-                                cfg.online.wait_s, sink, worker.check)
+            online_loop(api, problems, propose, retrain, cfg.online.labels, cfg.online.retrain_every,
+                        cfg.online.wait_s, sink, worker.check, cfg.online.train_on_ties)
         finally:
             worker.stop.set()
             worker.join(timeout=10)
@@ -539,7 +546,7 @@ def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[s
     sessions.kw["bind"].dispose()
     rows = [r for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("phase") == "online"]
     report = {"selection": cfg.online.selection, "seed": cfg.train.seed, "project_id": api.project,
-              "labels": rows[-1]["labels"], "pairs": len(pairs), "heldout_pairs": len(heldout),
+              "labels": rows[-1]["labels"], "pairs": rows[-1]["pairs"], "heldout_pairs": len(heldout),
               "heldout_ceiling": ceiling,
               "labeller_submitted": worker.submitted, **summarise(rows, ACCURACY_MARKS),
               "curve": [[r["labels"], r["rm/heldout_accuracy"]] for r in rows],

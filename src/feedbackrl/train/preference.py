@@ -84,6 +84,7 @@ def heldout_metrics(model: RewardModel, tokenizer: PreTrainedTokenizerBase,
     ranks the gold-better response higher, whatever the noisy label said. With safety labels,
     `rm/heldout_safety_accuracy` is the share of responses on the labelled side of cost 0.
     """
+    pairs = [p for p in pairs if not p.meta.get("tie")]  # a tie has no right order to predict
     r_c, r_r = pair_scores(model, tokenizer, pairs)
     out = {"rm/heldout_accuracy": pairwise_accuracy(r_c, r_r).item()}
     labels = safety_labels(pairs)
@@ -101,8 +102,14 @@ def heldout_metrics(model: RewardModel, tokenizer: PreTrainedTokenizerBase,
 def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: PreTrainedTokenizerBase,
                        train: list[PreferencePair], heldout: list[PreferencePair], seed: int,
                        sink: MetricsSink) -> dict[str, float]:
-    """Bradley-Terry training for `cfg.epochs`; returns the final held-out metrics."""
+    """Bradley-Terry training for `cfg.epochs`; returns the final held-out metrics.
+
+    Pairs whose meta says "tie" (a labeller's tie, `feedback.export.labelled_pairs(ties=True)`) are
+    trained with target 1/2 (`bradley_terry_loss`'s `tie`)."""
     labels = safety_labels(train)
+    tie = torch.tensor([bool(p.meta.get("tie")) for p in train])
+    if labels is not None and tie.any():
+        raise ValueError("tie rows cannot train a cost model (its pairs say which response is costlier)")
     optimizer = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     order_rng = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
@@ -119,7 +126,8 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
                 scores = model(*encode_texts(tokenizer, prompts + prompts,
                                              [p.chosen for p in batch] + [p.rejected for p in batch]))  # (2n,)
                 if labels is None:
-                    loss, stats = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
+                    loss, stats = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :],
+                                                     tie=tie[idx] if tie.any() else None)
                 else:
                     loss, stats = safety_cost_loss(scores[: len(batch)], scores[len(batch) :], labels[0][idx],
                                                    labels[1][idx])
