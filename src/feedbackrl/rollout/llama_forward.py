@@ -27,8 +27,7 @@ in its own zero-filled full-size buffer.) Here:
 - the MLP (gate, up, SiLU, product, down, residual) is one function whose backward keeps the
   gate and up gradients apart, each contiguous (on the tiny model MKL computes their weight
   gradients ~1.6x faster than from the strided halves of one (M, 2I) buffer);
-- matmuls read weights stored (in, out) in the forward (MKL is 1.1-1.3x faster at these shapes
-  than on the transposed view) and as stored in the backward; residuals are added by `addmm`;
+- residuals are added by `addmm`;
 - the LM head runs on the T positions that predict completion tokens only.
 """
 
@@ -63,9 +62,8 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def _mm_t(x: Tensor, w: Tensor, base: Tensor | None) -> Tensor:
-    """x @ w.T (+ base), with w (out, in) copied to (in, out) first (faster in MKL at these shapes)."""
-    wt = w.t().contiguous()
-    return torch.mm(x, wt) if base is None else torch.addmm(base, x, wt)
+    """x @ w.T (+ base) for w (out, in), as `F.linear` but with the residual or bias added by `addmm`."""
+    return torch.mm(x, w.t()) if base is None else torch.addmm(base, x, w.t())
 
 
 class _Linear(torch.autograd.Function):
