@@ -47,20 +47,26 @@ def rounds(run_dir: Path) -> list[dict]:
     return [r for r in rows if r.get("phase") == "online"]
 
 
-def run_summary(run_dir: Path) -> dict:
-    """The run's report plus labels-to-reach each of ACCURACY_MARKS and the last round's label statistics."""
+def run_summary(run_dir: Path, marks: tuple[float, ...] = ACCURACY_MARKS) -> dict:
+    """The run's report plus labels-to-reach each of `marks` and the last round's label statistics."""
     rows = rounds(run_dir)
     report = json.loads((run_dir / "report.json").read_text())
-    return {**report, **summarise(rows, ACCURACY_MARKS), "gold_ties": rows[-1]["labels/gold_ties"]}
+    return {**report, **summarise(rows, marks), "gold_ties": rows[-1].get("labels/gold_ties", 0.0),
+            "pairs": rows[-1].get("pairs", rows[-1]["labels"])}
 
 
 def label_stats(run_dir: Path, temperature: float = 0.05) -> dict[int, dict[str, float]]:
     """Per round, over the items posted: share of gold ties, mean gold gap, expected share of labels
     that agree with gold (max(p, 1 - p) under the labeller's choice model) and the reward model's
-    certainty |P(first > second) - 0.5|. Reverse task only: the gold answer is the reversed prompt."""
+    certainty |P(first > second) - 0.5|. Reverse task only: the gold answer is the reversed prompt; the
+    gold is the run's (`online.gold`: graded, or pass/fail)."""
     from feedbackrl.data.labeller import choice_probability, reverse_gold
     from feedbackrl.rewards.verdict import Problem
 
+    def gold(problem: Problem, text: str) -> float:
+        return float(text.strip() == problem.answer) if kind == "verifier" else reverse_gold(problem, text)
+
+    kind = json.loads((run_dir / "config.json").read_text()).get("online", {}).get("gold", "task")
     project = json.loads((run_dir / "report.json").read_text())["project_id"]
     con = sqlite3.connect(f"file:{run_dir / 'labels.db'}?mode=ro", uri=True)
     per_round: dict[int, list[tuple[float, float, float, float]]] = defaultdict(list)
@@ -68,7 +74,7 @@ def label_stats(run_dir: Path, temperature: float = 0.05) -> dict[int, dict[str,
                                                "ORDER BY id", (project,)):
         (a, b), meta = json.loads(responses), json.loads(meta)
         problem = Problem(prompt, prompt.removesuffix("=")[::-1])
-        g_a, g_b = reverse_gold(problem, a), reverse_gold(problem, b)
+        g_a, g_b = gold(problem, a), gold(problem, b)
         p = choice_probability(g_a, g_b, temperature)
         per_round[meta["round"]].append((float(g_a == g_b), abs(g_a - g_b), max(p, 1 - p),
                                          abs(meta["rm_p_first"] - 0.5)))
@@ -90,14 +96,15 @@ def label_table(runs: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
-def table(reports: dict[str, list[dict]]) -> str:
-    head = "| selection | seed | " + " | ".join(f"labels to {m:g}" for m in ACCURACY_MARKS) + \
-        " | labels | final accuracy | final gold agreement | gold ties in labels | wall s |"
+def table(reports: dict[str, list[dict]], marks: tuple[float, ...] = ACCURACY_MARKS) -> str:
+    head = "| selection | seed | " + " | ".join(f"labels to {m:g}" for m in marks) + \
+        " | labels | preference pairs | final accuracy | final gold agreement | gold ties in labels | wall s |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for rule, reps in reports.items():
         for r in reps:
-            marks = " | ".join(str(r[f"labels_to_{m:g}"] or "never") for m in ACCURACY_MARKS)
-            lines.append(f"| {rule} | {r['seed']} | {marks} | {r['final_labels']} | {r['final_accuracy']:.3f} | "
+            cells = " | ".join(str(r[f"labels_to_{m:g}"] or "never") for m in marks)
+            lines.append(f"| {rule} | {r['seed']} | {cells} | {r['final_labels']} | {r['pairs']} | "
+                         f"{r['final_accuracy']:.3f} | "
                          f"{r['final_gold_agreement']:.3f} | {r['gold_ties']:.2f} | "
                          f"{r['wall_seconds']:.0f} |")
     return "\n".join(lines)
@@ -157,6 +164,8 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="passed to every run")
     ap.add_argument("--plot", type=Path, default=None, help="write the plot here (default OUT/online_rm.png)")
     ap.add_argument("--summarise-only", action="store_true")
+    ap.add_argument("--marks", nargs="+", type=float, default=list(ACCURACY_MARKS),
+                    help="held-out accuracies to report labels-to-reach for")
     args = ap.parse_args()
     jobs = [(rule, seed) for seed in args.seeds for rule in args.rules]
     if not args.summarise_only:
@@ -164,8 +173,9 @@ def main() -> None:
             list(pool.map(lambda job: run_one(args.out, job[0], job[1], args.overrides), jobs))
     runs = {rule: [args.out / f"{rule}_s{s}" for s in args.seeds
                    if (args.out / f"{rule}_s{s}" / "report.json").is_file()] for rule in args.rules}
-    reports = {rule: [run_summary(d) for d in dirs] for rule, dirs in runs.items()}
-    text = table(reports) + "\n\n" + mean_table(runs) + "\n\n" + label_table(runs)
+    marks = tuple(args.marks)
+    reports = {rule: [run_summary(d, marks) for d in dirs] for rule, dirs in runs.items()}
+    text = table(reports, marks) + "\n\n" + mean_table(runs) + "\n\n" + label_table(runs)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
     ceiling = next(r["heldout_ceiling"]["expected"] for reps in reports.values() for r in reps)

@@ -55,6 +55,15 @@ def test_widest_takes_the_prompts_with_the_widest_gap_first():
     assert chosen.tolist() == [3, 2, 0]  # never the prompt without a pair
 
 
+def test_top_takes_the_prompts_whose_best_candidate_scores_highest():
+    scores = torch.tensor([[10.0, 9.5, 9.0], [0.0, 5.0, 1.0], [7.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 0, 0]])  # prompt 2 has no pair
+    gen = torch.Generator().manual_seed(0)
+    chosen, pairs = choose_pairs("top", scores, mask, 3, gen)
+    assert chosen.tolist() == [0, 1] and pairs.tolist() == [[0, 2], [0, 1]]  # best 10.0 then 5.0, each vs worst
+    assert choose_pairs("widest", scores, mask, 3, gen)[0].tolist() == [1, 0]  # gaps 5.0 and 1.0
+
+
 def test_bald_and_committee_need_their_evidence():
     with pytest.raises(ValueError, match="selection 'committee' needs"):
         choose_pairs("committee", SCORES, MASK, 2, torch.Generator().manual_seed(0))
@@ -243,5 +252,5 @@ def test_cli_names_a_bad_selection_rule(tmp_path):
 
     result = CliRunner().invoke(app, ["label", "online", "--out", str(tmp_path), "--set", "online.selection=best"])
     assert result.exit_code == 2
-    assert ("online.selection: Input should be 'contrast', 'widest', 'committee', 'bald', 'active', 'random' or "
-            "'mixed' (got 'best')") in result.output
+    assert ("online.selection: Input should be 'contrast', 'widest', 'top', 'committee', 'bald', 'active', "
+            "'random' or 'mixed' (got 'best')") in result.output
