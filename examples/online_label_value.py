@@ -30,6 +30,7 @@ from feedbackrl.data.labeller import Labeller, gold_score_for, sample_candidates
 from feedbackrl.envs.registry import make_task
 from feedbackrl.feedback.online import (
     Fitted,
+    answer_rows,
     bootstrap_members,
     candidate_covariance,
     candidate_scores,
@@ -74,12 +75,7 @@ def main() -> None:
     labeller = Labeller(gold, cfg.online.temperature, seed=seed + 1, tie_margin=cfg.online.tie_margin)
 
     def label(p, a: str, b: str) -> list[dict]:
-        """The pair the labeller's answer gives: none for a tie."""
-        choice = labeller.judge(p, a, b)
-        if choice == "tie":
-            return [{"prompt": p.prompt, "chosen": a, "rejected": b, "tie": True}] if cfg.online.train_on_ties else []
-        chosen, rejected = (a, b) if choice == "a" else (b, a)
-        return [{"prompt": p.prompt, "chosen": chosen, "rejected": rejected}]
+        return answer_rows(p.prompt, a, b, labeller.judge(p, a, b), cfg.online.train_on_ties)
 
     def fit(rows: list[dict], s: int):
         pairs = with_gold(rows, by_prompt, task, cfg.online.gold)

@@ -25,7 +25,13 @@ import torch
 
 from feedbackrl.data.labeller import Labeller, gold_score_for
 from feedbackrl.envs.registry import make_task
-from feedbackrl.feedback.online import heldout_pairs, load_online_config, make_proposer, make_retrainer
+from feedbackrl.feedback.online import (
+    answer_rows,
+    heldout_pairs,
+    load_online_config,
+    make_proposer,
+    make_retrainer,
+)
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.train.pipeline import load_or_build
 
@@ -60,13 +66,8 @@ def main() -> None:
             gaps = []
             for row, problem in zip(batch.rows, batch.problems, strict=True):
                 a, b = row["responses"]
-                choice = labeller.judge(problem, a, b)
                 labels += 1
-                if choice != "tie":
-                    chosen, rejected = (a, b) if choice == "a" else (b, a)
-                    pairs.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected})
-                elif cfg.online.train_on_ties:  # as the loop's export gives ties: target 1/2
-                    pairs.append({"prompt": row["prompt"], "chosen": a, "rejected": b, "tie": True})
+                pairs += answer_rows(row["prompt"], a, b, labeller.judge(problem, a, b), cfg.online.train_on_ties)
                 gaps.append(abs(gold(problem, a) - gold(problem, b)))
             row = {"round": r, "labels": labels, "pairs": sum(not p.get("tie") for p in pairs), **retrain(pairs),
                    "round/gold_ties": sum(g == 0 for g in gaps) / len(gaps), "round/gold_gap": sum(gaps) / len(gaps),

@@ -105,12 +105,32 @@ def reverse_gold(problem: Problem, completion: str) -> float:
     return float(completion == problem.answer)
 
 
-def test_loop_retrains_every_n_labels_and_counts_each_label_once(sessions, tmp_path):
-    """25 labels, N = 10: rounds of 10, 10 and 5; retrain sees 0, 10, 20, 25 pairs, and the
-    pairs are exactly the database's labels, each once. Noise-free labeller: always the reversal."""
+def run_loop(sessions, tmp_path, labeller: Labeller, propose, retrain, labels: int, every: int,
+             ties: bool = False) -> tuple[list[dict], int]:
+    """The real online loop against a live app, with the simulated labeller over HTTP; metrics go to
+    tmp_path/metrics.jsonl. -> (every pair fetched, how many labels the labeller submitted)."""
     with sessions() as s:
         admin = create_labeller(s, "admin", is_admin=True)[1]
         s.commit()
+    problems: dict[str, Problem] = {}
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    with LiveServer(create_app(sessions=sessions)) as server:
+        api = AdminApi(server.url, admin)
+        token = api.setup("online", "sim")
+        worker = HttpLabeller(server.url, token, api.project, labeller, problems)
+        worker.start()
+        try:
+            pairs = online_loop(api, problems, propose, retrain, labels, every, 60, sink, worker.check, ties=ties)
+        finally:
+            worker.stop.set()
+            worker.join(timeout=10)
+    sink.close()
+    return pairs, worker.submitted
+
+
+def test_loop_retrains_every_n_labels_and_counts_each_label_once(sessions, tmp_path):
+    """25 labels, N = 10: rounds of 10, 10 and 5; retrain sees 0, 10, 20, 25 pairs, and the
+    pairs are exactly the database's labels, each once. Noise-free labeller: always the reversal."""
     seen: list[list[int]] = []
 
     def propose(r: int, n: int) -> Round:
@@ -123,25 +143,13 @@ def test_loop_retrains_every_n_labels_and_counts_each_label_once(sessions, tmp_p
         seen.append([p["label_id"] for p in pairs])
         return {"rm/heldout_accuracy": 0.5}
 
-    problems: dict[str, Problem] = {}
-    sink = JsonlSink(tmp_path / "metrics.jsonl")
-    with LiveServer(create_app(sessions=sessions)) as server:
-        api = AdminApi(server.url, admin)
-        token = api.setup("online", "sim")
-        worker = HttpLabeller(server.url, token, api.project, Labeller(reverse_gold, 0.0), problems)
-        worker.start()
-        try:
-            pairs = online_loop(api, problems, propose, retrain, 25, 10, 60, sink, worker.check)
-        finally:
-            worker.stop.set()
-            worker.join(timeout=10)
-    sink.close()
+    pairs, submitted = run_loop(sessions, tmp_path, Labeller(reverse_gold, 0.0), propose, retrain, 25, 10)
     assert [len(x) for x in seen] == [0, 10, 20, 25]
     assert all(seen[i] == seen[i + 1][: len(seen[i])] for i in range(3))  # each round only adds
     with sessions() as s:
         db_ids = s.scalars(select(Label.id).order_by(Label.id)).all()
     assert [p["label_id"] for p in pairs] == db_ids == seen[-1] and len(set(db_ids)) == 25
-    assert worker.submitted == 25 and all(p["chosen"] == p["prompt"][:-1][::-1] for p in pairs)
+    assert submitted == 25 and all(p["chosen"] == p["prompt"][:-1][::-1] for p in pairs)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(r["step"], r["labels"], r.get("new_pairs")) for r in rows] == [
         (0, 0, None), (1, 10, 10), (2, 20, 10), (3, 25, 5)]
@@ -151,9 +159,6 @@ def test_loop_counts_tie_answers_as_labels_and_fetches_them_as_tie_rows(sessions
     """A pass/fail labeller with tie_margin 0: a pair of two wrong answers is a tie. 8 labels, N = 4:
     half the items are ties; every answer counts as a label, the ties come back marked "tie" (in
     the item's order) and are not counted as preference pairs."""
-    with sessions() as s:
-        admin = create_labeller(s, "admin", is_admin=True)[1]
-        s.commit()
     seen: list[list[dict]] = []
 
     def propose(r: int, n: int) -> Round:
@@ -166,24 +171,12 @@ def test_loop_counts_tie_answers_as_labels_and_fetches_them_as_tie_rows(sessions
         seen.append(list(pairs))
         return {"rm/heldout_accuracy": 0.5}
 
-    problems: dict[str, Problem] = {}
-    sink = JsonlSink(tmp_path / "metrics.jsonl")
-    with LiveServer(create_app(sessions=sessions)) as server:
-        api = AdminApi(server.url, admin)
-        token = api.setup("online", "sim")
-        labeller = Labeller(reverse_gold, 0.0, tie_margin=0.0)
-        worker = HttpLabeller(server.url, token, api.project, labeller, problems)
-        worker.start()
-        try:
-            pairs = online_loop(api, problems, propose, retrain, 8, 4, 60, sink, worker.check, ties=True)
-        finally:
-            worker.stop.set()
-            worker.join(timeout=10)
-    sink.close()
-    assert worker.submitted == 8 and len(pairs) == 8 and [len(x) for x in seen] == [0, 4, 8]
+    labeller = Labeller(reverse_gold, 0.0, tie_margin=0.0)
+    pairs, submitted = run_loop(sessions, tmp_path, labeller, propose, retrain, 8, 4, ties=True)
+    assert submitted == 8 and len(pairs) == 8 and [len(x) for x in seen] == [0, 4, 8]
     ties = [p for p in pairs if p.get("tie")]
     assert [(p["chosen"], p["rejected"]) for p in ties] == [("wrong", "also wrong")] * 4
-    assert all(p["chosen"] == problems[p["prompt"]].answer for p in pairs if not p.get("tie"))
+    assert all(p["chosen"] == p["prompt"][:-1][::-1] for p in pairs if not p.get("tie"))  # the right answer
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(r["labels"], r["pairs"], r.get("tie_rows"), r.get("labels/no_preference")) for r in rows] == [
         (0, 0, None, None), (4, 2, 2, 0.5), (8, 4, 4, 0.5)]

@@ -53,7 +53,8 @@ def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor, margin:
     if chosen_rewards.shape != rejected_rewards.shape or chosen_rewards.dim() != 1:
         raise ValueError("chosen_rewards and rejected_rewards must both be (N,); got "
                          f"{tuple(chosen_rewards.shape)} and {tuple(rejected_rewards.shape)}")
-    diff = chosen_rewards.float() - rejected_rewards.float()  # (N,)
+    raw = chosen_rewards.float() - rejected_rewards.float()  # (N,)
+    diff = raw
     if margin is not None:
         if margin.shape != diff.shape:
             raise ValueError(f"margin must be (N,) = {tuple(diff.shape)}; got {tuple(margin.shape)}")
@@ -64,8 +65,7 @@ def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor, margin:
         if tie.shape != diff.shape:
             raise ValueError(f"tie must be (N,) = {tuple(diff.shape)}; got {tuple(tie.shape)}")
         pref = ~tie.bool()
-        d = chosen_rewards.float() - rejected_rewards.float()
-        per_row = torch.where(pref, per_row, -(F.logsigmoid(d) + F.logsigmoid(-d)) / 2)
+        per_row = torch.where(pref, per_row, -(F.logsigmoid(raw) + F.logsigmoid(-raw)) / 2)
     loss = per_row.mean()
     with torch.no_grad():
         c, r = (chosen_rewards[pref], rejected_rewards[pref]) if pref.any() else (chosen_rewards, rejected_rewards)

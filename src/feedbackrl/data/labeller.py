@@ -139,9 +139,13 @@ class Labeller:
         p = choice_probability(self.gold(problem, a), self.gold(problem, b), self.temperature)
         return (a, b) if self.rng.random() < p else (b, a)
 
+    def ties(self, gold_a: float, gold_b: float) -> bool:
+        """Whether `judge` answers "tie" for responses with these gold scores."""
+        return self.tie_margin is not None and abs(gold_a - gold_b) <= self.tie_margin
+
     def judge(self, problem: Problem, a: str, b: str) -> str:
         """The labelling app's answer: "a", "b", or "tie" (gold scores within `tie_margin`)."""
-        if self.tie_margin is not None and abs(self.gold(problem, a) - self.gold(problem, b)) <= self.tie_margin:
+        if self.ties(self.gold(problem, a), self.gold(problem, b)):
             return "tie"
         return "a" if self.choose(problem, a, b)[0] == a else "b"
 

@@ -22,13 +22,12 @@ One run:
    accuracy on a fixed held-out set (and agreement with gold) against the number of labels.
 
 Selection (`algos/pair_selection.py`; docs/human_feedback.md measures them): `random` takes
-random prompts and a random pair of their candidates (the default: no other rule has beaten it on the
-toy domain). `contrast` takes the
-same random prompts and, of each, the pair the current reward model scores furthest apart; `widest`
-takes that pair of the prompts where it is widest, `top` of the prompts whose best candidate scores
-highest.
-`active` takes the prompts whose least certain pair (|P(a > b) - 0.5| smallest) is least certain;
-`mixed` half of each round at random and half actively. `committee` and `bald` take the prompts
+random prompts and a random pair of their candidates (the default: no other rule has beaten it on
+the toy domain). `contrast` takes the same random prompts and, of each, the pair the current reward
+model scores furthest apart; `widest` takes that pair of the prompts where it is widest, `top` of
+the prompts whose best candidate scores highest. `active` takes the prompts whose least certain
+pair (|P(a > b) - 0.5| smallest) is least certain; `mixed` half of each round at random and half
+actively. `committee` and `bald` take the prompts
 whose pair has the most mutual information between its label and the model (BALD), under
 `online.committee` reward models trained on bootstrap resamples, or under a Laplace posterior of
 the reward head. The first round is always random: an untrained reward model has nothing to say.
@@ -226,6 +225,15 @@ class HttpLabeller(threading.Thread):
             raise RuntimeError(f"the simulated labeller failed: {self.error!r}") from self.error
 
 
+def answer_rows(prompt: str, a: str, b: str, choice: str, ties: bool) -> Pairs:
+    """One pairwise answer ("a", "b" or "tie") as the rows the loop's export gives for it, for code that
+    labels in process: the preference pair, or for a tie a row marked "tie" if `ties`, else nothing."""
+    if choice == "tie":
+        return [{"prompt": prompt, "chosen": a, "rejected": b, "tie": True}] if ties else []
+    chosen, rejected = (a, b) if choice == "a" else (b, a)
+    return [{"prompt": prompt, "chosen": chosen, "rejected": rejected}]
+
+
 # --- the loop --------------------------------------------------------------------------------------
 
 
@@ -409,10 +417,10 @@ def heldout_pairs(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreT
     problems = task.heldout(cfg.online.heldout_prompts)
     gen = torch.Generator().manual_seed(HELDOUT_SEED)
     cands = sample_candidates(policy, tokenizer, problems, 2, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
-    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=HELDOUT_SEED)
-    rows = label_rows(labeller, problems, cands, 2)
-    if (margin := cfg.online.tie_margin) is not None:
-        rows = [r for r in rows if abs(r["gold_chosen"] - r["gold_rejected"]) > margin]
+    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=HELDOUT_SEED,
+                        tie_margin=cfg.online.tie_margin)
+    rows = [r for r in label_rows(labeller, problems, cands, 2)
+            if not labeller.ties(r["gold_chosen"], r["gold_rejected"])]
     return load_preference_pairs(rows)[0]
 
 

@@ -108,7 +108,9 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
     trained with target 1/2 (`bradley_terry_loss`'s `tie`)."""
     labels = safety_labels(train)
     tie = torch.tensor([bool(p.meta.get("tie")) for p in train])
-    if labels is not None and tie.any():
+    if not tie.any():
+        tie = None
+    elif labels is not None:
         raise ValueError("tie rows cannot train a cost model (its pairs say which response is costlier)")
     optimizer = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     order_rng = torch.Generator().manual_seed(seed)
@@ -127,7 +129,7 @@ def train_reward_model(cfg: RewardModelConfig, model: RewardModel, tokenizer: Pr
                                              [p.chosen for p in batch] + [p.rejected for p in batch]))  # (2n,)
                 if labels is None:
                     loss, stats = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :],
-                                                     tie=tie[idx] if tie.any() else None)
+                                                     tie=None if tie is None else tie[idx])
                 else:
                     loss, stats = safety_cost_loss(scores[: len(batch)], scores[len(batch) :], labels[0][idx],
                                                    labels[1][idx])
