@@ -12,6 +12,7 @@ from feedbackrl.algos.pair_selection import (
     laplace_factor,
     least_certain,
     random_pairs,
+    runner_up_pairs,
     score_covariance,
     uncertain_pairs,
 )
@@ -49,6 +50,16 @@ def test_random_pairs_are_valid_and_cover_every_valid_pair():
     seen = {tuple(random_pairs(MASK, g)[0].tolist()) for _ in range(300)}
     assert seen == {(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)}  # all 6 pairs of prompt 0
     assert all(random_pairs(MASK, g)[2].tolist() == [0, 1] for _ in range(20))  # its only pair
+
+
+def test_runner_up_is_the_best_candidate_and_the_next_best():
+    # prompt 0: best 5.0 (index 3), runner-up 2.3 (index 2); prompt 2: 4.0 and 3.9, padding never
+    # counts; prompt 1 has one real candidate (its 9.0s are padding), so no pair to check
+    pairs = runner_up_pairs(SCORES, MASK)
+    assert pairs[0].tolist() == [2, 3] and pairs[2].tolist() == [0, 1]
+    # not the closest pair (that is (1, 2), |diff| 0.3 < 2.7) nor the widest ((0, 3)): the top two
+    scores = torch.tensor([[-1.0, 3.0, 2.0, 2.9], [0.0, 0.0, 0.0, 1.0]])
+    assert runner_up_pairs(scores, torch.ones(2, 4)).tolist() == [[1, 3], [0, 3]]  # equal scores: lower index
 
 
 # --- BALD: mutual information between the label and the model -------------------------------------

@@ -10,6 +10,7 @@ import pytest
 import torch
 from sqlalchemy import select
 
+from feedbackrl.algos.pair_selection import contrast_pairs
 from feedbackrl.data.labeller import Labeller
 from feedbackrl.feedback.app import create_app
 from feedbackrl.feedback.online import (
@@ -45,6 +46,16 @@ def test_contrast_takes_random_prompts_and_their_most_distinct_pair():
         assert chosen.tolist() == rand.tolist()  # the same prompts as random selection with that seed
         best = {0: [0, 2], 2: [0, 1], 3: [0, 1]}  # |diff| 3.0, 4.0 and 9.0: each prompt's widest pair
         assert pairs.tolist() == [best[b] for b in chosen.tolist()]
+
+
+def test_runner_up_takes_random_prompts_and_their_top_two():
+    for seed in range(5):
+        rand, _ = choose_pairs("random", SCORES, MASK, 2, torch.Generator().manual_seed(seed))
+        chosen, pairs = choose_pairs("runner_up", SCORES, MASK, 2, torch.Generator().manual_seed(seed))
+        assert chosen.tolist() == rand.tolist()  # the same prompts as random selection with that seed
+        top_two = {0: [1, 2], 2: [0, 2], 3: [1, 2]}  # 3.0 and 0.5; 5.0 and 1.1; 9.0 and 2.0
+        assert top_two != {b: contrast_pairs(SCORES, MASK)[0][b].tolist() for b in top_two}  # not contrast
+        assert pairs.tolist() == [top_two[b] for b in chosen.tolist()]
 
 
 def test_widest_takes_the_prompts_with_the_widest_gap_first():
@@ -245,5 +256,5 @@ def test_cli_names_a_bad_selection_rule(tmp_path):
 
     result = CliRunner().invoke(app, ["label", "online", "--out", str(tmp_path), "--set", "online.selection=best"])
     assert result.exit_code == 2
-    assert ("online.selection: Input should be 'contrast', 'widest', 'top', 'committee', 'bald', 'active', "
-            "'random' or 'mixed' (got 'best')") in result.output
+    assert ("online.selection: Input should be 'runner_up', 'contrast', 'widest', 'top', 'committee', 'bald', "
+            "'active', 'random' or 'mixed' (got 'best')") in result.output

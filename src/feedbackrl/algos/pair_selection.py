@@ -13,6 +13,14 @@ score tensors (the online loop, `feedback/online.py`, composes them):
   (docs/human_feedback.md), labels teach most where the two responses really differ and least (or
   harm) where they nearly tie, which is where uncertainty sampling looks; this is the "ask easy
   questions" lesson of Biyik et al. 2019 for noisy labellers.
+- `runner_up_pairs` (rule `runner_up`): per prompt the model's best candidate and its runner-up,
+  the two it is least sure which is best. The loop takes it for random prompts. This is the pair
+  whose answer decides what best-of-n or a policy trained on the reward model would pick: the
+  "top two" of dueling bandits (Russo 2016's top-two sampling; Dwaracherla et al. 2024 ask a
+  labeller about two responses that are each likely the best). With a labeller who answers "tie"
+  when both are wrong, the model's top two are also the pair most likely to hold a right answer,
+  against the wrong answer the model finds hardest to tell from it (docs/human_feedback.md measures
+  it: more preferences per label, and harder ones).
 - `committee_pairs` (rule `committee`): query by committee scored by BALD over reward models
   trained on bootstrap resamples of the labels.
 - `informative_pairs` with `laplace_factor` / `score_covariance` (rule `bald`): BALD under a
@@ -75,6 +83,14 @@ def contrast_pairs(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     i, j = _pair_index(scores.shape[1])
     gap = (scores[:, i] - scores[:, j]).abs()
     return _best_pair(gap, mask, largest=True)
+
+
+def runner_up_pairs(scores: Tensor, mask: Tensor) -> Tensor:
+    """scores, mask: (B, K) -> pairs (B, 2) (i < j): per prompt its best-scored candidate and the
+    runner-up. Equal scores go to the lower index (a stable sort). A prompt with fewer than 2 real
+    candidates gets an arbitrary pair; callers drop such prompts."""
+    order = torch.sort(scores.masked_fill(~mask.bool(), float("-inf")), dim=1, descending=True, stable=True).indices
+    return order[:, :2].sort(dim=1).values
 
 
 def least_certain(certainty: Tensor, n: int) -> Tensor:

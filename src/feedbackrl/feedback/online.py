@@ -22,15 +22,16 @@ One run:
    accuracy on a fixed held-out set (and agreement with gold) against the number of labels.
 
 Selection (`algos/pair_selection.py`; docs/human_feedback.md measures them): `random` takes
-random prompts and a random pair of their candidates (the default: no other rule has beaten it on
-the toy domain). `contrast` takes the same random prompts and, of each, the pair the current reward
-model scores furthest apart; `widest` takes that pair of the prompts where it is widest, `top` of
-the prompts whose best candidate scores highest. `active` takes the prompts whose least certain
-pair (|P(a > b) - 0.5| smallest) is least certain; `mixed` half of each round at random and half
-actively. `committee` and `bald` take the prompts
-whose pair has the most mutual information between its label and the model (BALD), under
-`online.committee` reward models trained on bootstrap resamples, or under a Laplace posterior of
-the reward head. The first round is always random: an untrained reward model has nothing to say.
+random prompts and a random pair of their candidates. `runner_up` takes the same random prompts
+and, of each, the current reward model's best candidate against its runner-up: the two it is least
+sure which is best. `contrast` takes them too, with the pair the model scores furthest apart;
+`widest` takes that pair of the prompts where it is widest, `top` of the prompts whose best
+candidate scores highest. `active` takes the prompts whose least certain pair (|P(a > b) - 0.5|
+smallest) is least certain; `mixed` half of each round at random and half actively. `committee`
+and `bald` take the prompts whose pair has the most mutual information between its label and the
+model (BALD), under `online.committee` reward models trained on bootstrap resamples, or under a
+Laplace posterior of the reward head. The first round is always random: an untrained reward model
+has nothing to say.
 
 OUT after a run: config.json, labels.db, metrics.jsonl (one row per round: labels, accuracy,
 gold agreement, seconds), report.json.
@@ -61,6 +62,7 @@ from feedbackrl.algos.pair_selection import (
     least_certain,
     pair_variance,
     random_pairs,
+    runner_up_pairs,
     score_covariance,
     uncertain_pairs,
 )
@@ -92,9 +94,11 @@ IDLE_S = 0.5  # seconds the labeller waits on an empty queue (it idles while the
 
 
 class OnlineConfig(Section):
-    selection: Literal["contrast", "widest", "top", "committee", "bald", "active", "random", "mixed"] = Field(
-        "random", description="how pairs are chosen (docs/human_feedback.md): random prompts and the pair the "
-        "reward model scores furthest apart (contrast); the prompts where that gap is widest (widest) or whose best "
+    selection: Literal["runner_up", "contrast", "widest", "top", "committee", "bald", "active", "random",
+                       "mixed"] = Field(
+        "random", description="how pairs are chosen (docs/human_feedback.md): random prompts and the reward "
+        "model's best candidate against its runner-up (runner_up) or the pair it scores furthest apart "
+        "(contrast); the prompts where that gap is widest (widest) or whose best "
         "candidate scores highest (top); most "
         "informative by committee disagreement (committee) or under a Laplace posterior of the head (bald); "
         "least certain (active); random; half active (mixed)")
@@ -326,6 +330,9 @@ def choose_pairs(selection: str, scores: torch.Tensor, mask: torch.Tensor, n: in
     if selection == "contrast":  # random prompts, the pair the model scores furthest apart
         chosen = shuffled[:n]
         return chosen, contrast_pairs(scores, mask)[0][chosen]
+    if selection == "runner_up":  # random prompts, the model's best candidate and its runner-up
+        chosen = shuffled[:n]
+        return chosen, runner_up_pairs(scores, mask)[chosen]
     if selection in ("widest", "top"):  # best vs worst candidate, of the prompts where that gap is widest,
         pairs, gap = contrast_pairs(scores, mask)  # or whose best candidate scores highest
         key = gap if selection == "widest" else scores.masked_fill(~mask.bool(), float("-inf")).amax(1)
