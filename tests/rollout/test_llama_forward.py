@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from feedbackrl.rollout import generate as gen_mod
 from feedbackrl.rollout.generate import _train_fast_path_ok, encode_prompts, sequence_logprobs
+from feedbackrl.rollout.llama_forward import _shared_prompts
 
 PROMPTS = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!", "a"]  # different lengths: left padding
 
@@ -84,7 +85,10 @@ def _assert_same(fast, slow, exact) -> None:
     (gradients), and the fast path is as close as HF's own float32 forward to a float64 run of it.
 
     The test models have std-0.3 weights, so logits reach +-25 and HF's float32 gradients are ~5e-5 (relative to
-    their largest entry) away from float64: that, not the fast path, sets the gradient tolerance.
+    their largest entry) away from float64: that, not the fast path, sets the gradient tolerance. The comparison
+    with HF's own error has a floor of 1e-5: some gradients nearly cancel (a k-projection bias shifts every key
+    alike, which softmax barely sees), and there HF's error is sometimes small by luck (1.5e-6, where both fast
+    paths, with and without shared prompts, are at 6-7e-6; all of them are within 2e-15 of each other in float64).
     """
     parts = [("logprobs", fast[0], slow[0], exact[0], 1e-5), ("entropy", fast[1], slow[1], exact[1], 1e-5)]
     assert fast[2].keys() == slow[2].keys()
@@ -94,7 +98,7 @@ def _assert_same(fast, slow, exact) -> None:
         assert scale > 0, f"{name}: all zero, the test would be vacuous"
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale, msg=lambda m, n=name: f"{n}: {m}")
         err_fast, err_hf = _rel_err(got, truth), _rel_err(want, truth)
-        assert err_fast <= 4 * err_hf + 1e-6, f"{name}: fast path {err_fast:.2e} from float64, HF {err_hf:.2e}"
+        assert err_fast <= 4 * err_hf + 1e-5, f"{name}: fast path {err_fast:.2e} from float64, HF {err_hf:.2e}"
 
 
 def _compare(model, batch, monkeypatch: pytest.MonkeyPatch, temperature: float = 0.7) -> None:
@@ -104,12 +108,18 @@ def _compare(model, batch, monkeypatch: pytest.MonkeyPatch, temperature: float =
     _assert_same(fast, slow, exact)
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_prompts", "distinct_prompts"])
 @pytest.mark.parametrize("model_name", ["peaked_lm", "qwen_gqa", "llama_biases"])
-def test_fast_forward_matches_hf_logprobs_entropy_and_gradients(model_name, tokenizer, request, monkeypatch):
+def test_fast_forward_matches_hf_logprobs_entropy_and_gradients(model_name, shared, tokenizer, request, monkeypatch):
     model = request.getfixturevalue(model_name).train()
     assert _train_fast_path_ok(model)
-    batch = _batch(tokenizer, PROMPTS * 2, 9)
+    # shared: every prompt twice, not side by side (as DPO pairs or GRPO groups, but in any order)
+    prompts = PROMPTS * 2 if shared else PROMPTS + [p + "0" for p in PROMPTS]
+    batch = _batch(tokenizer, prompts, 9)
     assert (batch[1] == 0).any() and (batch[3] == 0).any(), "need left-padded prompts and padded completions"
+    ids, mask = torch.cat([batch[0], batch[2]], 1), torch.cat([batch[1], torch.ones_like(batch[3])], 1)
+    found = _shared_prompts(ids, mask, batch[0].shape[1])
+    assert (found is not None and len(found[0]) == len(PROMPTS)) if shared else found is None
     _compare(model, batch, monkeypatch)
 
 

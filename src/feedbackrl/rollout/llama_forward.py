@@ -28,7 +28,10 @@ in its own zero-filled full-size buffer.) Here:
   gate and up gradients apart, each contiguous (on the tiny model MKL computes their weight
   gradients ~1.6x faster than from the strided halves of one (M, 2I) buffer);
 - residuals are added by `addmm`;
-- the LM head runs on the T positions that predict completion tokens only.
+- the LM head runs on the T positions that predict completion tokens only;
+- rows with the same prompt (a GRPO group of G samples, a DPO pair) run its positions once and
+  their completions attend to that one copy (`_shared_prompts`): on the benchmark's GRPO batch
+  (8 prompts x 8, 6 + 16 tokens) that is 24% fewer rows through every matmul.
 """
 
 from __future__ import annotations
@@ -85,38 +88,53 @@ class _Linear(torch.autograd.Function):
 
 
 class _RopeSplit(torch.autograd.Function):
-    """qkv (N * S, (H + 2 Hkv) D) -> RoPE'd q (N, H, S, D), k (N, Hkv, S, D) and v (N, Hkv, S, D).
+    """qkv (M, (H + 2 Hkv) D) -> RoPE'd q (n, H, s, D), k (n, Hkv, s, D) and v (n, Hkv, s, D) per segment.
 
-    `rot` (N * S, 1, D/2) complex is cos + j sin per position; q/k columns come pair-adjacent (see
-    the module docstring), so RoPE is one complex multiply. The backward writes all three gradients
-    into one (N * S, (H + 2 Hkv) D) buffer, where autograd over slices would zero-fill and add two.
+    The rows of qkv are one or more segments of n sequences x s positions each (`shapes`, summing
+    to M: the shared prompts and the completions of `completion_logits`); `rot` (M, 1, D/2) complex
+    is cos + j sin per row. q/k columns come pair-adjacent (see the module docstring), so RoPE is
+    one complex multiply. The backward writes every gradient into one (M, (H + 2 Hkv) D) buffer,
+    where autograd over slices would zero-fill and add two per segment.
     """
 
     @staticmethod
-    def forward(ctx: Any, qkv: Tensor, rot: Tensor, n: int, heads: int, kv_heads: int) -> tuple[Tensor, ...]:
+    def forward(ctx: Any, qkv: Tensor, rot: Tensor, shapes: tuple[tuple[int, int], ...], heads: int,
+                kv_heads: int) -> tuple[Tensor, ...]:
         m, width = qkv.shape
-        s, d, hqk = m // n, width // (heads + 2 * kv_heads), heads + kv_heads
-        qk = torch.view_as_complex(qkv[:, : hqk * d].view(m, hqk, d // 2, 2)) * rot
-        qk = torch.view_as_real(qk).view(n, s, hqk, d)
-        v = qkv[:, hqk * d :].view(n, s, kv_heads, d).clone()
+        d, hqk = width // (heads + 2 * kv_heads), heads + kv_heads
+        qk_all = torch.view_as_real(torch.view_as_complex(qkv[:, : hqk * d].view(m, hqk, d // 2, 2)) * rot)
+        v_all = qkv[:, hqk * d :].clone()
+        out, row = [], 0
+        for n, s in shapes:
+            qk = qk_all[row : row + n * s].view(n, s, hqk, d)
+            v = v_all[row : row + n * s].view(n, s, kv_heads, d)
+            out += [qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2), v.transpose(1, 2)]
+            row += n * s
         ctx.save_for_backward(rot)
-        ctx.dims = n, s, heads, kv_heads, d
-        return qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2), v.transpose(1, 2)
+        ctx.dims = shapes, heads, kv_heads, d
+        return tuple(out)
 
     @staticmethod
-    def backward(ctx: Any, gq: Tensor, gk: Tensor, gv: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
         (rot,) = ctx.saved_tensors
-        n, s, h, hk, d = ctx.dims
-        grad = gq.new_empty(n, s, h + 2 * hk, d)
-        rot_conj = rot.conj().resolve_conj().view(n, s, 1, d // 2)  # a lazy conj makes mul ~3x slower
-        for g, cols in ((gq, slice(0, h)), (gk, slice(h, h + hk))):
-            g = g.transpose(1, 2)
-            if g.stride(-1) != 1:
-                g = g.contiguous()
-            torch.mul(torch.view_as_complex(g.unflatten(-1, (d // 2, 2))), rot_conj,
-                      out=torch.view_as_complex(grad[:, :, cols].unflatten(-1, (d // 2, 2))))
-        grad[:, :, h + hk :] = gv.transpose(1, 2)
-        return grad.view(n * s, -1), None, None, None, None
+        shapes, h, hk, d = ctx.dims
+        grad = grads[0].new_empty(rot.shape[0], h + 2 * hk, d)
+        rot_conj = rot.conj().resolve_conj()  # a lazy conj makes mul ~3x slower
+        row = 0
+        for i, (n, s) in enumerate(shapes):
+            gq, gk, gv = grads[3 * i : 3 * i + 3]
+            rows = slice(row, row + n * s)
+            out = grad[rows].view(n, s, h + 2 * hk, d)
+            r = rot_conj[rows].view(n, s, 1, d // 2)
+            for g, cols in ((gq, slice(0, h)), (gk, slice(h, h + hk))):
+                g = g.transpose(1, 2)
+                if g.stride(-1) != 1:
+                    g = g.contiguous()
+                torch.mul(torch.view_as_complex(g.unflatten(-1, (d // 2, 2))), r,
+                          out=torch.view_as_complex(out[:, :, cols].unflatten(-1, (d // 2, 2))))
+            out[:, :, h + hk :] = gv.transpose(1, 2)
+            row += n * s
+        return grad.view(rot.shape[0], -1), None, None, None, None
 
 
 class _GatedMLP(torch.autograd.Function):
@@ -160,37 +178,91 @@ def _attention_mask(mask: Tensor) -> dict[str, Tensor | bool]:
     return {"attn_mask": (torch.ones(s, s, dtype=torch.bool).tril() & keep)[:, None]}
 
 
+def _shared_prompts(ids: Tensor, mask: Tensor, p: int) -> tuple[Tensor, Tensor] | None:
+    """Rows whose first p tokens (and mask) are identical: (one row index per distinct prompt (U,), each row's
+    distinct prompt (N,)), or None when every prompt is distinct (or there is no prompt)."""
+    if p == 0:
+        return None
+    distinct, inverse = torch.unique(torch.cat([ids[:, :p], mask[:, :p].to(ids.dtype)], 1), dim=0,
+                                     return_inverse=True)
+    if distinct.shape[0] == ids.shape[0]:
+        return None
+    first = torch.empty(distinct.shape[0], dtype=torch.long).scatter_(0, inverse, torch.arange(ids.shape[0]))
+    return first, inverse
+
+
+def _completion_mask(prompt_mask: Tensor, t: int) -> Tensor:
+    """SDPA mask (N or 1, 1, T, P + T) for completion queries: every real prompt key, causal completion keys."""
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    if bool(prompt_mask.all()):
+        return torch.cat([torch.ones(t, prompt_mask.shape[1], dtype=torch.bool), causal], 1)[None, None]
+    n, p = prompt_mask.shape
+    return torch.cat([prompt_mask.bool()[:, None, :].expand(n, t, p), causal.expand(n, t, t)], 2)[:, None]
+
+
 def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Tensor, t: int) -> Tensor:
     """Logits (N, T, V) predicting the last T tokens of `ids` (N, S), as `model(...).logits[:, -T-1:-1]`.
 
     `mask` (N, S) is 0 on left padding only; `pos` (N, S) the position ids. The caller checks the
     model is eligible (`generate._fast_path_ok`, no dropout, no gradient checkpointing).
+
+    Rows that share their prompt (a GRPO group, a DPO pair) run the prompt positions once: the
+    prompt's hidden states do not depend on what follows it (causal attention), so the completions
+    attend to one copy of its keys and values, and autograd sums the gradient each completion sends
+    back into that copy. The same maths as one forward per row, with (G - 1) / G fewer prompt
+    positions through every matmul; float rounding only differs.
     """
     cfg, inner = model.config, model.model
     n, s = ids.shape
+    p = s - t
     h, hk = cfg.num_attention_heads, cfg.num_key_value_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
     eps, half = cfg.rms_norm_eps, d // 2
     embed = inner.embed_tokens.weight
-    cos, sin = inner.rotary_emb(embed, pos)  # (N, S, D), cat(freqs, freqs)
-    rot = torch.complex(cos[..., :half], sin[..., :half]).view(n * s, 1, half)
+    shared = _shared_prompts(ids, mask, p)
+    if shared is None:  # one segment: every row, every position
+        shapes, rows_ids, rows_pos = ((n, s),), ids.reshape(-1), pos
+    else:  # two segments: the U distinct prompts (U, P), then every row's completion (N, T)
+        first, inverse = shared
+        shapes = ((first.shape[0], p), (n, t))
+        rows_ids = torch.cat([ids[first, :p].reshape(-1), ids[:, p:].reshape(-1)])
+        rows_pos = torch.cat([pos[first, :p].reshape(-1), pos[:, p:].reshape(-1)])[None]
+        prompt_args = _attention_mask(mask[first, :p])
+        completion_args = {"attn_mask": _completion_mask(mask[:, :p], t)}
+    cos, sin = inner.rotary_emb(embed, rows_pos)  # cat(freqs, freqs)
+    rot = torch.complex(cos[..., :half], sin[..., :half]).view(-1, 1, half)
     order = torch.arange(d).view(2, half).t().reshape(-1)  # (i, i + D/2) adjacent
     qk_rows = (torch.arange(h + hk)[:, None] * d + order).reshape(-1)
     rows = torch.cat([qk_rows, torch.arange((h + hk) * d, (h + 2 * hk) * d)])  # v rows stay put
-    att_args = _attention_mask(mask)
+    att_args = _attention_mask(mask) if shared is None else None
     gqa = {"enable_gqa": True} if hk != h else {}
-    x = F.embedding(ids.reshape(n * s), embed)  # (N * S, C)
+    x = F.embedding(rows_ids, embed)  # (rows, C)
     for layer in inner.layers:
         at, mlp = layer.self_attn, layer.mlp
         w_qkv = (torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]) * layer.input_layernorm.weight)[rows]
         b_qkv = _cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
         qkv = _Linear.apply(_RMSNorm.apply(x, eps), w_qkv, None if b_qkv is None else b_qkv[rows], None)
-        q, k, v = _RopeSplit.apply(qkv, rot, n, h, hk)
-        att = F.scaled_dot_product_attention(q, k, v, scale=at.scaling, **att_args, **gqa)
-        x = _Linear.apply(att.transpose(1, 2).reshape(n * s, h * d), at.o_proj.weight, at.o_proj.bias, x)
+        if shared is None:
+            q, k, v = _RopeSplit.apply(qkv, rot, shapes, h, hk)
+            att = F.scaled_dot_product_attention(q, k, v, scale=at.scaling, **att_args, **gqa)
+            att = att.transpose(1, 2).reshape(n * s, h * d)
+        else:
+            qp, kp, vp, qc, kc, vc = _RopeSplit.apply(qkv, rot, shapes, h, hk)
+            att_p = F.scaled_dot_product_attention(qp, kp, vp, scale=at.scaling, **prompt_args, **gqa)
+            # each completion attends to its prompt's keys and values, then to its own
+            k_all, v_all = torch.cat([kp[inverse], kc], 2), torch.cat([vp[inverse], vc], 2)
+            att_c = F.scaled_dot_product_attention(qc, k_all, v_all, scale=at.scaling, **completion_args, **gqa)
+            att = torch.cat([att_p.transpose(1, 2).reshape(-1, h * d), att_c.transpose(1, 2).reshape(n * t, h * d)])
+        x = _Linear.apply(att, at.o_proj.weight, at.o_proj.bias, x)
         w_norm = layer.post_attention_layernorm.weight
         x = _GatedMLP.apply(_RMSNorm.apply(x, eps), x, mlp.gate_proj.weight * w_norm, mlp.up_proj.weight * w_norm,
                             mlp.down_proj.weight, mlp.gate_proj.bias, mlp.up_proj.bias, mlp.down_proj.bias)
-    x = x.view(n, s, -1)[:, s - t - 1 : s - 1].reshape(n * t, -1)  # the positions that predict completion tokens
+    # the positions that predict completion tokens: the last prompt position, then all but the last completion one
+    if shared is None:
+        x = x.view(n, s, -1)[:, s - t - 1 : s - 1].reshape(n * t, -1)
+    else:
+        u = first.shape[0]
+        last_prompt = x[: u * p].view(u, p, -1)[:, -1][inverse]  # (N, C)
+        x = torch.cat([last_prompt[:, None], x[u * p :].view(n, t, -1)[:, :-1]], 1).reshape(n * t, -1)
     head: nn.Linear = model.get_output_embeddings()
     return _Linear.apply(_RMSNorm.apply(x, eps), head.weight * inner.norm.weight, None, None).view(n, t, -1)
