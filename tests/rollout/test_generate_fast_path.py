@@ -138,3 +138,24 @@ def test_huge_page_buffers_are_plain_writable_tensors():
         assert t.shape == shape and t.dtype == torch.float32 and t.is_contiguous()
         t.fill_(2.0)
         assert t.sum().item() == 2.0 * t.numel()
+
+
+@pytest.mark.parametrize("model_name", ["peaked_lm", "peaked_qwen"])
+def test_prefill_runs_each_distinct_prompt_once_and_fills_every_row(model_name, tokenizer, request, monkeypatch):
+    # GRPO repeats every prompt G times: the prefill runs the distinct ones and copies their keys and values
+    model = request.getfixturevalue(model_name)
+    prompts = ["7+85=", "Hello, world!", "7+85=", "1+1=", "Hello, world!", "7+85="]  # repeats, not adjacent
+    ids, mask = gen_mod.encode_prompts(tokenizer, prompts)
+    pos = gen_mod.positions(mask)
+    with torch.no_grad():
+        shared = gen_mod._LlamaDecoder(model, mask, 4)
+        logits = shared.prefill(ids, pos)
+        monkeypatch.setattr(gen_mod, "_shared_prompts", lambda *a: None)
+        per_row = gen_mod._LlamaDecoder(model, mask, 4)
+        want = per_row.prefill(ids, pos)
+        p = ids.shape[1]
+        torch.testing.assert_close(logits, want, rtol=0, atol=1e-5)
+        for (kv, _, _), (kv_want, _, _) in zip(shared.cache, per_row.cache, strict=True):
+            torch.testing.assert_close(kv[..., :p, :], kv_want[..., :p, :], rtol=0, atol=1e-5)
+        step = torch.full((len(prompts), 1), 5)  # and the next step sees the same cache
+        torch.testing.assert_close(shared(step, pos[:, -1:] + 1), per_row(step, pos[:, -1:] + 1), rtol=0, atol=1e-5)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.rollout.llama_forward import _cat_or_none, completion_logits
+from feedbackrl.rollout.llama_forward import _cat_or_none, _shared_prompts, completion_logits
 
 
 @dataclass
@@ -82,6 +82,9 @@ class _HFDecoder:
         n, p = prompt_mask.shape
         self.mask = torch.cat([prompt_mask, prompt_mask.new_ones(n, max_new_tokens)], dim=1)  # built once
         self.seen = 0
+
+    def prefill(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        return self(tokens, pos)
 
     def __call__(self, tokens: Tensor, pos: Tensor) -> Tensor:
         self.seen += tokens.shape[1]
@@ -216,6 +219,7 @@ class _LlamaDecoder:
         self.rot = torch.complex(cos[:, :half], sin[:, :half])  # (P + T, D/2)
         # Attention masks, built once. Without prompt padding every key is visible: no mask at all,
         # which is exact and lets SDPA skip reading one (about 2x faster attention for one query).
+        self.prompt_mask = prompt_mask
         self.padded = not bool(prompt_mask.all())
         keep = torch.cat([prompt_mask.bool(), prompt_mask.new_ones(n, max_new_tokens, dtype=torch.bool)], dim=1)
         self.keep = keep[:, None, None, :]  # (N, 1, 1, P + T): key j visible to every query
@@ -224,21 +228,39 @@ class _LlamaDecoder:
         self.prefill_mask = (causal & (prompt_mask.bool()[:, None, :] | torch.eye(p, dtype=torch.bool)))[:, None]
         self.seen = 0
 
-    def _mask(self, start: int) -> dict[str, Tensor | bool]:
+    def _mask(self, start: int, rows: Tensor | None) -> dict[str, Tensor | bool]:
         if start == 0:
-            return {"attn_mask": self.prefill_mask} if self.padded else {"is_causal": True}
+            if not self.padded:
+                return {"is_causal": True}
+            return {"attn_mask": self.prefill_mask if rows is None else self.prefill_mask[rows]}
         return {"attn_mask": self.keep[..., : self.seen]} if self.padded else {}
+
+    def prefill(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """The prompts (N, P) -> logits (N, V), each distinct prompt run once (GRPO repeats every prompt G times).
+
+        A prompt's keys, values and last logits do not depend on the row it sits in: the distinct rows
+        run through the layers and their keys and values are copied to every row of the cache.
+        """
+        shared = _shared_prompts(tokens, self.prompt_mask, tokens.shape[1])
+        if shared is None:
+            return self(tokens, pos)
+        first, inverse = shared
+        return self(tokens[first], pos[first], (first, inverse))[inverse]
 
     def _normed(self, x: Tensor) -> Tensor:
         """x * rsqrt(sum(x^2) + C * eps) per row: RMSNorm up to the sqrt(C) * w folded into the next matmul."""
         r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         return x * torch.addcmul(self.c_eps, r, r).rsqrt_()
 
-    def __call__(self, tokens: Tensor, pos: Tensor) -> Tensor:
+    def __call__(self, tokens: Tensor, pos: Tensor, distinct: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Logits (n, V) at the last of s new positions for (n, s) tokens. `distinct` (prefill only): tokens are
+        the distinct prompts, rows `first` of the batch, and `inverse` maps every batch row to its prompt."""
         n, s = tokens.shape
         start, self.seen = self.seen, self.seen + s
         h, hk, d = self.heads, self.kv_heads, self.head_dim
-        mask = self._mask(start)
+        if distinct is not None and start != 0:
+            raise ValueError("distinct prompts are for the prefill only")
+        mask = self._mask(start, None if distinct is None else distinct[0])
         rot = self.rot[pos].view(n * s, 1, d // 2)
         x = F.embedding(tokens.reshape(n * s), self.embed)  # (N * S, C)
         for (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down), (kv, k, v) in zip(self.layers, self.cache,
@@ -247,10 +269,15 @@ class _LlamaDecoder:
             qkv = torch.mm(y, w_qkv) if b_qkv is None else torch.addmm(b_qkv, y, w_qkv)  # (N * S, (H + 2 Hkv) D)
             torch.view_as_complex(qkv[:, : (h + hk) * d].view(n * s, h + hk, d // 2, 2)).mul_(rot)  # RoPE, in place
             # k and v sit side by side in qkv: one copy into the cache (2, N, Hkv, S, D)
-            kv[:, :, :, start : self.seen] = qkv[:, h * d :].view(n, s, 2, hk, d).permute(2, 0, 3, 1, 4)
+            new_kv = qkv[:, h * d :].view(n, s, 2, hk, d)
+            if distinct is None:
+                kv[:, :, :, start : self.seen] = new_kv.permute(2, 0, 3, 1, 4)
+                keys, values = k[:, :, : self.seen], v[:, :, : self.seen]
+            else:  # every row gets its prompt's keys and values; the distinct prompts attend to their own
+                kv[:, :, :, : self.seen] = new_kv[distinct[1]].permute(2, 0, 3, 1, 4)
+                keys, values = new_kv[:, :, 0].transpose(1, 2), new_kv[:, :, 1].transpose(1, 2)
             q = qkv[:, : h * d].view(n, s, h, d).transpose(1, 2)
-            att = F.scaled_dot_product_attention(q, k[:, :, : self.seen], v[:, :, : self.seen], scale=self.scale,
-                                                 **mask, **self.gqa)
+            att = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, **mask, **self.gqa)
             x.addmm_(att.transpose(1, 2).reshape(n * s, h * d), w_o)
             if b_o is not None:
                 x += b_o
@@ -308,7 +335,7 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     model.eval()
     try:
         decoder = (_LlamaDecoder if _fast_path_ok(model) else _HFDecoder)(model, prompt_mask, max_new_tokens)
-        logits = decoder(prompt_ids, positions(prompt_mask))
+        logits = decoder.prefill(prompt_ids, positions(prompt_mask))
         pos = positions(prompt_mask)[:, -1:]
         completion_ids = prompt_ids.new_full((n, max_new_tokens), pad)
         logps = torch.zeros(n, max_new_tokens)
