@@ -144,16 +144,20 @@ def _empty_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
 
 
 def _unaliased(w: Tensor) -> Tensor:
-    """A row-major copy of the 2-D `w` whose row stride is not a multiple of 2 KB.
+    """`w.t()` for a 2-D `w` (out, in), copied row-major (in, out) with a row stride that is not a multiple of 1 KB.
 
-    MKL reads a weight (in, out) row by row at M = 64; when a row is a multiple of 2-4 KB long
-    (out = 512, 1024, 3072 floats) those rows map to the same few L1/L2 cache sets and evict each
+    MKL reads a weight (in, out) row by row at M = 64; when a row is a multiple of 1-4 KB long
+    (out = 512, 1536, 3072 floats) those rows map to the same few L1/L2 cache sets and evict each
     other. A row padded by 64 bytes (the tensor is a view of a wider buffer) spreads them over
-    all sets: the same values and the same products, only the memory layout differs.
+    all sets: the same values and the same products, only the memory layout differs. The transpose
+    goes through `contiguous()` first, which copies 2-D transposes tile by tile (a strided copy
+    straight into the padded buffer is ~2x slower: this runs for every weight on every call).
     """
-    rows, cols = w.shape
-    ld = cols + 16 if (cols * w.element_size()) % 1024 == 0 else cols
-    return torch.empty(rows, ld, dtype=w.dtype)[:, :cols].copy_(w) if ld != cols else w.contiguous()
+    t = w.t().contiguous()
+    rows, cols = t.shape
+    if (cols * t.element_size()) % 1024 != 0:
+        return t
+    return torch.empty(rows, cols + 16, dtype=t.dtype)[:, :cols].copy_(t)
 
 
 class _LlamaDecoder:
@@ -185,11 +189,12 @@ class _LlamaDecoder:
         # rms_norm(x) * w @ W.T == r * x @ (sqrt(C) * w[:, None] * W.T) with r = rsqrt(sum(x^2) + C * eps)
         self.c_eps = torch.tensor(c * cfg.rms_norm_eps, dtype=self.embed.dtype)
 
-        def folded(norm: Tensor, *linears: nn.Linear) -> Tensor:  # (in, out)
-            return _unaliased((torch.cat([m.weight for m in linears]) * (norm * c**0.5)).t())
+        def folded(norm: Tensor, *linears: nn.Linear, rows: Tensor | None = None) -> Tensor:  # (in, out)
+            w = torch.cat([m.weight for m in linears])  # (out, in): reordering rows here is a cheap gather
+            return _unaliased((w if rows is None else w.index_select(0, rows)).mul_(norm * c**0.5))
 
         def plain(m: nn.Linear) -> Tensor:
-            return _unaliased(m.weight.t())
+            return _unaliased(m.weight)
 
         # RoPE as one complex multiply: within each q/k head, output columns reordered so that the pair
         # rotate_half mixes, (i, i + D/2), is adjacent: (x_i + j x_{i+D/2}) * (cos_i + j sin_i) is
@@ -204,7 +209,7 @@ class _LlamaDecoder:
             at, mlp = layer.self_attn, layer.mlp
             b_qkv = _cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
             self.layers.append((
-                _unaliased(folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj)[:, rows]),
+                folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj, rows=rows),
                 None if b_qkv is None else b_qkv[rows], plain(at.o_proj), at.o_proj.bias,
                 folded(layer.post_attention_layernorm.weight, mlp.gate_proj, mlp.up_proj),
                 _cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), plain(mlp.down_proj), mlp.down_proj.bias))
