@@ -6,7 +6,7 @@ the policy on base + added with two training seeds, and report held-out pairwise
 labeller, pool, held-out set and base labels are shared, so the groups differ only in which pairs
 were labelled.
 
-Groups: the selection rules of `online.selection` (random, active, contrast, bald, committee), and
+Groups: the selection rules of `online.selection` (random, runner_up, active, contrast, bald, committee), and
 oracle groups that peek at the hidden gold score, which no real rule can: `nontie` (pairs whose
 two responses differ in gold), `biggap` (gold gap > 0.2), `smallgap` (0 < gap <= 0.2),
 `rm_wrong` (the base reward model ranks them against gold), `long` (answers of 6+ letters).
@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--base", type=int, default=400, help="random labels every group starts from")
     ap.add_argument("--add", type=int, default=400, help="labels each group adds")
-    ap.add_argument("--groups", nargs="+", default=["random", "active", "contrast", "bald", "committee", *ORACLE])
+    ap.add_argument("--groups", nargs="+",
+                    default=["random", "runner_up", "active", "contrast", "bald", "committee", *ORACLE])
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
     cfg = load_online_config(args.recipe, [*args.overrides, f"train.seed={args.seed}"])
