@@ -227,10 +227,10 @@ def test_online_run_end_to_end_over_http(tiny_model_dir, tmp_path):
     assert len(labels) == 12 and len({x.item_id for x in labels}) == 12
 
 
-@pytest.mark.parametrize("rule", ["contrast", "bald", "committee"])
+@pytest.mark.parametrize("rule", ["runner_up", "contrast", "bald", "committee"])
 def test_model_driven_rules_run_in_the_loop(rule, tiny_model_dir, tmp_path):
-    """contrast, bald (Laplace posterior of the head) and committee (bootstrap members) choose round 2's pairs
-    from a trained reward model; bald records the posterior variance of each chosen pair."""
+    """runner_up, contrast, bald (Laplace posterior of the head) and committee (bootstrap members) choose
+    round 2's pairs from a trained reward model; bald records the posterior variance of each chosen pair."""
     from feedbackrl.feedback.store import Item
 
     cfg = load_online_config(None, [
