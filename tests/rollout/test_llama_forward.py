@@ -129,6 +129,12 @@ def test_unpadded_prompts_take_the_maskless_branch_and_agree(peaked_lm, tokenize
     _compare(peaked_lm.train(), batch, monkeypatch, 1.0)
 
 
+def test_repeated_prompts_with_empty_completions(peaked_lm, tokenizer):
+    p_ids, p_mask = encode_prompts(tokenizer, ["1+1=", "1+1=", "2+3="])
+    empty = torch.zeros(3, 0, dtype=torch.long)
+    assert sequence_logprobs(peaked_lm, p_ids, p_mask, empty, empty)[0].shape == (3, 0)
+
+
 def test_fast_forward_without_grad_matches(qwen_gqa, tokenizer):
     # old/ref log-probs are computed under no_grad: the custom backward functions must not be needed
     batch = _batch(tokenizer, PROMPTS, 5)

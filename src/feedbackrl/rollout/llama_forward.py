@@ -219,7 +219,7 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
     eps, half = cfg.rms_norm_eps, d // 2
     embed = inner.embed_tokens.weight
-    shared = _shared_prompts(ids, mask, p)
+    shared = _shared_prompts(ids, mask, p) if t > 0 else None
     if shared is None:  # one segment: every row, every position
         shapes, rows_ids, rows_pos = ((n, s),), ids.reshape(-1), pos
     else:  # two segments: the U distinct prompts (U, P), then every row's completion (N, T)
@@ -259,10 +259,11 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
                             mlp.down_proj.weight, mlp.gate_proj.bias, mlp.up_proj.bias, mlp.down_proj.bias)
     # the positions that predict completion tokens: the last prompt position, then all but the last completion one
     if shared is None:
-        x = x.view(n, s, -1)[:, s - t - 1 : s - 1].reshape(n * t, -1)
+        x = x.view(n, s, -1)[:, s - t - 1 : s - 1].reshape(n * t, x.shape[-1])
     else:
         u = first.shape[0]
         last_prompt = x[: u * p].view(u, p, -1)[:, -1][inverse]  # (N, C)
         x = torch.cat([last_prompt[:, None], x[u * p :].view(n, t, -1)[:, :-1]], 1).reshape(n * t, -1)
     head: nn.Linear = model.get_output_embeddings()
-    return _Linear.apply(_RMSNorm.apply(x, eps), head.weight * inner.norm.weight, None, None).view(n, t, -1)
+    logits = _Linear.apply(_RMSNorm.apply(x, eps), head.weight * inner.norm.weight, None, None)
+    return logits.view(n, t, logits.shape[-1])
