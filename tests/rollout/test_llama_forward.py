@@ -108,18 +108,22 @@ def _compare(model, batch, monkeypatch: pytest.MonkeyPatch, temperature: float =
     _assert_same(fast, slow, exact)
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared_prompts", "distinct_prompts"])
+# shared: every prompt twice, not side by side (as DPO pairs or GRPO groups, but in any order);
+# partly: two prompts three times each at scattered rows, the other four once; distinct: none repeated
+SHARING = {"shared": PROMPTS * 2, "partly": PROMPTS + PROMPTS[1:3] + PROMPTS[2:0:-1],
+           "distinct": PROMPTS + [p + "0" for p in PROMPTS]}
+
+
+@pytest.mark.parametrize("sharing", list(SHARING))
 @pytest.mark.parametrize("model_name", ["peaked_lm", "qwen_gqa", "llama_biases"])
-def test_fast_forward_matches_hf_logprobs_entropy_and_gradients(model_name, shared, tokenizer, request, monkeypatch):
+def test_fast_forward_matches_hf_logprobs_entropy_and_gradients(model_name, sharing, tokenizer, request, monkeypatch):
     model = request.getfixturevalue(model_name).train()
     assert _train_fast_path_ok(model)
-    # shared: every prompt twice, not side by side (as DPO pairs or GRPO groups, but in any order)
-    prompts = PROMPTS * 2 if shared else PROMPTS + [p + "0" for p in PROMPTS]
-    batch = _batch(tokenizer, prompts, 9)
+    batch = _batch(tokenizer, SHARING[sharing], 9)
     assert (batch[1] == 0).any() and (batch[3] == 0).any(), "need left-padded prompts and padded completions"
     ids, mask = torch.cat([batch[0], batch[2]], 1), torch.cat([batch[1], torch.ones_like(batch[3])], 1)
     found = _shared_prompts(ids, mask, batch[0].shape[1])
-    assert (found is not None and len(found[0]) == len(PROMPTS)) if shared else found is None
+    assert (found is None) if sharing == "distinct" else len(found[0]) == len(PROMPTS)
     _compare(model, batch, monkeypatch)
 
 

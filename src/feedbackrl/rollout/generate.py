@@ -157,7 +157,7 @@ def _unaliased(w: Tensor) -> Tensor:
     rows, cols = t.shape
     if (cols * t.element_size()) % 1024 != 0:
         return t
-    return torch.empty(rows, cols + 16, dtype=t.dtype)[:, :cols].copy_(t)
+    return torch.empty(rows, cols + 16, dtype=t.dtype, device=t.device)[:, :cols].copy_(t)
 
 
 class _LlamaDecoder:

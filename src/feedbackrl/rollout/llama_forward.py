@@ -174,8 +174,9 @@ def _attention_mask(mask: Tensor) -> dict[str, Tensor | bool]:
     if bool(mask.all()):
         return {"is_causal": True}
     s = mask.shape[1]
-    keep = mask.bool()[:, None, :] | torch.eye(s, dtype=torch.bool)  # a pad query sees itself: no all -inf row
-    return {"attn_mask": (torch.ones(s, s, dtype=torch.bool).tril() & keep)[:, None]}
+    eye = torch.eye(s, dtype=torch.bool, device=mask.device)
+    keep = mask.bool()[:, None, :] | eye  # a pad query sees itself: no all -inf row
+    return {"attn_mask": (torch.ones(s, s, dtype=torch.bool, device=mask.device).tril() & keep)[:, None]}
 
 
 def _shared_prompts(ids: Tensor, mask: Tensor, p: int) -> tuple[Tensor, Tensor] | None:
@@ -187,15 +188,17 @@ def _shared_prompts(ids: Tensor, mask: Tensor, p: int) -> tuple[Tensor, Tensor] 
                                      return_inverse=True)
     if distinct.shape[0] == ids.shape[0]:
         return None
-    first = torch.empty(distinct.shape[0], dtype=torch.long).scatter_(0, inverse, torch.arange(ids.shape[0]))
+    rows = torch.arange(ids.shape[0], device=ids.device)
+    first = torch.empty(distinct.shape[0], dtype=torch.long, device=ids.device).scatter_(0, inverse, rows)
     return first, inverse
 
 
 def _completion_mask(prompt_mask: Tensor, t: int) -> Tensor:
     """SDPA mask (N or 1, 1, T, P + T) for completion queries: every real prompt key, causal completion keys."""
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    causal = torch.ones(t, t, dtype=torch.bool, device=prompt_mask.device).tril()
     if bool(prompt_mask.all()):
-        return torch.cat([torch.ones(t, prompt_mask.shape[1], dtype=torch.bool), causal], 1)[None, None]
+        keys = torch.ones(t, prompt_mask.shape[1], dtype=torch.bool, device=prompt_mask.device)
+        return torch.cat([keys, causal], 1)[None, None]
     n, p = prompt_mask.shape
     return torch.cat([prompt_mask.bool()[:, None, :].expand(n, t, p), causal.expand(n, t, t)], 2)[:, None]
 
