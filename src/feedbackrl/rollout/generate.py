@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.rollout.llama_forward import _cat_or_none, _shared_prompts, completion_logits
+from feedbackrl.rollout.llama_forward import _cat_or_none, _shared_prompts, completion_logits, rope_pair_rows
 
 
 @dataclass
@@ -201,9 +201,7 @@ class _LlamaDecoder:
         # rotate_half's RoPE. q.k is a sum over the head dim, so the same reorder of q and k (the cache
         # holds reordered keys) leaves the scores unchanged; v is not reordered.
         d, half = self.head_dim, self.head_dim // 2
-        order = torch.arange(d).view(2, half).t().reshape(-1)
-        qk_rows = torch.cat([torch.arange(i * d, (i + 1) * d)[order] for i in range(self.heads + self.kv_heads)])
-        rows = torch.cat([qk_rows, torch.arange(len(qk_rows), (self.heads + 2 * self.kv_heads) * d)])
+        rows = rope_pair_rows(self.heads, self.kv_heads, d)
         self.layers = []
         for layer in inner.layers:  # copies: weights change between rollouts, so rebuilt per call
             at, mlp = layer.self_attn, layer.mlp

@@ -169,6 +169,16 @@ def _cat_or_none(tensors: list[Tensor | None]) -> Tensor | None:
     return None if any(t is None for t in tensors) else torch.cat(tensors)
 
 
+def rope_pair_rows(heads: int, kv_heads: int, head_dim: int) -> Tensor:
+    """Row order of a fused (q, k, v) projection ((H + 2 Hkv) D rows) that puts each q/k head's RoPE
+    pair (i, i + D/2) side by side, so RoPE is one complex multiply (module docstring); v rows stay put.
+    The decoder (`generate._LlamaDecoder`) and the training forward use the same order."""
+    half = head_dim // 2
+    order = torch.arange(head_dim).view(2, half).t().reshape(-1)  # (i, i + D/2) adjacent
+    qk_rows = (torch.arange(heads + kv_heads)[:, None] * head_dim + order).reshape(-1)
+    return torch.cat([qk_rows, torch.arange((heads + kv_heads) * head_dim, (heads + 2 * kv_heads) * head_dim)])
+
+
 def _attention_mask(mask: Tensor) -> dict[str, Tensor | bool]:
     """SDPA arguments for (N, S) left-padded rows: plain causal when nothing is padded."""
     if bool(mask.all()):
@@ -234,9 +244,7 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
         completion_args = {"attn_mask": _completion_mask(mask[:, :p], t)}
     cos, sin = inner.rotary_emb(embed, rows_pos)  # cat(freqs, freqs)
     rot = torch.complex(cos[..., :half], sin[..., :half]).view(-1, 1, half)
-    order = torch.arange(d).view(2, half).t().reshape(-1)  # (i, i + D/2) adjacent
-    qk_rows = (torch.arange(h + hk)[:, None] * d + order).reshape(-1)
-    rows = torch.cat([qk_rows, torch.arange((h + hk) * d, (h + 2 * hk) * d)])  # v rows stay put
+    rows = rope_pair_rows(h, hk, d)
     att_args = _attention_mask(mask) if shared is None else None
     gqa = {"enable_gqa": True} if hk != h else {}
     x = F.embedding(rows_ids, embed)  # (rows, C)
