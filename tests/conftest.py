@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 torch.set_num_threads(1)
@@ -58,5 +59,22 @@ def peaked_lm(tokenizer):
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
+                p.normal_(0.0, 0.3, generator=gen)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def peaked_qwen(tokenizer):
+    """A tiny Qwen2 with grouped-query attention (4 query heads, 2 KV heads) and q/k/v biases."""
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 or name.endswith(".bias"):
                 p.normal_(0.0, 0.3, generator=gen)
     return model.eval()

@@ -6,29 +6,11 @@ only reorganises the work (static cache, fused matmuls), it never changes the ma
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from feedbackrl.rollout import generate as gen_mod
 from feedbackrl.rollout.generate import _empty_huge_pages, _fast_path_ok, _sample, generate, sequence_logprobs
 
 PROMPTS = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!"]  # different lengths: left padding
-
-
-@pytest.fixture(scope="module")
-def peaked_qwen(tokenizer):
-    """A tiny Qwen2 with grouped-query attention (4 query heads, 2 KV heads) and q/k/v biases."""
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
-                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 or name.endswith(".bias"):
-                p.normal_(0.0, 0.3, generator=gen)
-    return model.eval()
 
 
 def generic(monkeypatch: pytest.MonkeyPatch) -> None:

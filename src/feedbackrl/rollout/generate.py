@@ -11,7 +11,10 @@ a KV cache preallocated for the whole generation, q/k/v and gate/up fused into o
 RoPE tables and the attention mask built once. Per decode step the HF path grows its cache with
 `torch.cat` (copying it all, O(T^2) memory traffic) and rebuilds masks and position embeddings
 through several layers of wrappers; for small models that bookkeeping, not the maths, is the cost
-(see docs/performance.md). Any other model runs through its own `forward` with a `DynamicCache`.
+(see docs/performance.md). Decode steps (one token per row) hand RoPE, the cache append and the
+attention to a small C kernel (`native.py`, built on first use) where a C compiler exists; without
+one, or with FEEDBACKRL_NATIVE=0, the same steps run as PyTorch ops. Any other model runs through
+its own `forward` with a `DynamicCache`.
 
 Log-probs are those of the *tempered* distribution (logits / temperature) that tokens were
 sampled from, before top-p filtering and EOS suppression (`min_new_tokens`), matching
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from feedbackrl.rollout import native
 from feedbackrl.rollout.llama_forward import _cat_or_none, _shared_prompts, completion_logits, rope_pair_rows
 
 
@@ -230,6 +234,17 @@ class _LlamaDecoder:
         # prefill: causal and real keys; a pad query sees itself so its row is never all -inf (no NaN)
         self.prefill_mask = (causal & (prompt_mask.bool()[:, None, :] | torch.eye(p, dtype=torch.bool)))[:, None]
         self.seen = 0
+        # decode steps (one token per row) run RoPE, the cache append and attention in one C kernel where it
+        # builds (native.py); it writes into fixed buffers, refilled every step: qkv, each row's RoPE, output
+        self.native = None
+        if native.available() and not self.embed.is_cuda and total <= native.MAX_CACHE and d <= native.MAX_HEAD_DIM:
+            h, hk = self.heads, self.kv_heads
+            self.qkv_buf = torch.empty(n, (h + 2 * hk) * d, dtype=self.embed.dtype)
+            self.rot_buf = torch.empty(n, half, dtype=self.rot.dtype)
+            self.att_buf = torch.empty(n, h * d, dtype=self.embed.dtype)
+            self.native = native.DecodeAttention(self.qkv_buf, self.rot_buf, [(k, v) for _, k, v in self.cache],
+                                                 keep.contiguous() if self.padded else None, self.att_buf, h,
+                                                 self.scale)
 
     def _mask(self, start: int, rows: Tensor | None) -> dict[str, Tensor | bool]:
         if start == 0:
@@ -259,6 +274,8 @@ class _LlamaDecoder:
         """Logits (n, V) at the last of s new positions for (n, s) tokens. `distinct` (prefill only): tokens are
         the distinct prompts, rows `first` of the batch, and `inverse` maps every batch row to its prompt."""
         n, s = tokens.shape
+        if s == 1 and self.native is not None and self.seen > 0:
+            return self._native_step(tokens, pos)
         start, self.seen = self.seen, self.seen + s
         h, hk, d = self.heads, self.kv_heads, self.head_dim
         if distinct is not None and start != 0:
@@ -291,6 +308,30 @@ class _LlamaDecoder:
             if b_down is not None:
                 x += b_down
         return torch.mm(self._normed(x.view(n, s, -1)[:, -1]), self.lm_head)
+
+
+    def _native_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """`__call__` for one token per row, attention by the C kernel (same maths, float rounding only)."""
+        at, self.seen = self.seen, self.seen + 1
+        torch.index_select(self.rot, 0, pos.view(-1), out=self.rot_buf)
+        x = F.embedding(tokens.view(-1), self.embed)  # (N, C)
+        for i, (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
+            y = self._normed(x)
+            if b_qkv is None:
+                torch.mm(y, w_qkv, out=self.qkv_buf)
+            else:
+                torch.addmm(b_qkv, y, w_qkv, out=self.qkv_buf)
+            self.native(i, at)  # RoPE on q and k, k and v into the cache at `at`, attention into att_buf
+            x.addmm_(self.att_buf, w_o)
+            if b_o is not None:
+                x += b_o
+            y = self._normed(x)
+            gu = torch.mm(y, w_gu) if b_gu is None else torch.addmm(b_gu, y, w_gu)
+            inter = gu.shape[1] // 2
+            x.addmm_(F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:]), w_down)
+            if b_down is not None:
+                x += b_down
+        return torch.mm(self._normed(x), self.lm_head)
 
 
 def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: int | None,

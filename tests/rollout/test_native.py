@@ -1,0 +1,151 @@
+"""The C decode-attention kernel (`rollout/native.py`, `decode_attention.c`) against the PyTorch ops it replaces.
+
+One decode step: RoPE on q and k (pair-adjacent columns, a complex multiply), the new key and value
+written to the cache, softmax attention over the row's visible keys, output (N, H * D). The reference
+is the decoder's PyTorch path, op for op.
+"""
+
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from feedbackrl.rollout import generate as gen_mod
+from feedbackrl.rollout import native
+from feedbackrl.rollout.generate import generate
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                              reason="no C compiler on this machine: the decoder keeps its PyTorch path")
+
+
+def reference(qkv, rot, k, v, at, keep, heads, scale):
+    """The decoder's PyTorch path for one token per row; mutates qkv, k and v like the kernel."""
+    n, hk, _, d = k.shape
+    torch.view_as_complex(qkv[:, : (heads + hk) * d].view(n, heads + hk, d // 2, 2)).mul_(rot.view(n, 1, d // 2))
+    new_kv = qkv[:, heads * d :].view(n, 2, hk, d)
+    k[:, :, at], v[:, :, at] = new_kv[:, 0], new_kv[:, 1]
+    q = qkv[:, : heads * d].view(n, 1, heads, d).transpose(1, 2)
+    mask = {} if keep is None else {"attn_mask": keep[:, None, None, : at + 1]}
+    gqa = {"enable_gqa": True} if hk != heads else {}
+    att = F.scaled_dot_product_attention(q, k[:, :, : at + 1], v[:, :, : at + 1], scale=scale, **mask, **gqa)
+    return att.transpose(1, 2).reshape(n, heads * d)
+
+
+def inputs(n, heads, kv_heads, d, t, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=g) * 2
+    rot = torch.polar(torch.ones(n, d // 2), torch.rand(n, d // 2, generator=g) * 6.3)
+    k, v = torch.randn(2, n, kv_heads, t, d, generator=g).unbind(0)
+    return qkv, rot, k.contiguous(), v.contiguous()
+
+
+@needs_cc
+@pytest.mark.parametrize(("n", "heads", "kv_heads", "d"),
+                         [(64, 4, 4, 32), (5, 8, 8, 64), (3, 4, 2, 16), (2, 2, 1, 128), (3, 3, 3, 24)])
+@pytest.mark.parametrize("at", [0, 6, 39])
+@pytest.mark.parametrize("masked", [False, True])
+def test_kernel_matches_the_pytorch_ops_it_replaces(n, heads, kv_heads, d, at, masked):
+    t = 40
+    qkv, rot, k, v = inputs(n, heads, kv_heads, d, t)
+    keep = None
+    if masked:  # left padding of different lengths; the new position is always visible
+        keep = torch.arange(t)[None, :] >= torch.arange(n)[:, None] % 4
+        keep[:, at] = True
+    want_qkv, want_k, want_v = qkv.clone(), k.clone(), v.clone()
+    want = reference(want_qkv, rot, want_k, want_v, at, keep, heads, d**-0.5)
+    out = torch.full((n, heads * d), float("nan"))
+    native.decode_attention(qkv, rot, k, v, at, keep, out, heads, d**-0.5)
+    torch.testing.assert_close(out, want, rtol=0, atol=2e-6)
+    torch.testing.assert_close(qkv, want_qkv, rtol=0, atol=1e-6)  # q and k rotated in place, v untouched
+    torch.testing.assert_close(k, want_k, rtol=0, atol=1e-6)  # the new key and value, and nothing else, written
+    assert torch.equal(v, want_v)
+
+
+@needs_cc
+def test_masked_keys_get_no_weight_even_when_their_scores_are_huge():
+    n, heads, d, t, at = 2, 1, 16, 8, 5
+    qkv, rot, k, v = inputs(n, heads, heads, d, t, seed=1)
+    rot = torch.ones_like(rot)  # no rotation: q as given
+    qkv[:, :d] = 1.0
+    k[:, :, :2] = 100.0  # keys 0 and 1 would take all the weight if they were visible
+    v[:, :, :2] = 1e6
+    keep = torch.ones(n, t, dtype=torch.bool)
+    keep[:, :2] = False
+    out = torch.empty(n, heads * d)
+    native.decode_attention(qkv, rot, k, v, at, keep, out, heads, d**-0.5)
+    assert out.abs().max() < 10  # a visible key's value, never the 1e6 of a masked one
+    torch.testing.assert_close(out, reference(qkv.clone(), rot, k.clone(), v.clone(), at, keep, heads, d**-0.5),
+                               rtol=0, atol=2e-6)
+
+
+@needs_cc
+def test_kernel_rejects_bad_inputs_with_a_clear_message():
+    qkv, rot, k, v = inputs(2, 2, 2, 16, 8)
+    out = torch.empty(2, 32)
+    with pytest.raises(ValueError, match="position 8 outside a cache of 8"):
+        native.decode_attention(qkv, rot, k, v, 8, None, out, 2, 0.25)
+    with pytest.raises(TypeError, match="float32"):
+        native.decode_attention(qkv.double(), rot, k, v, 0, None, out, 2, 0.25)
+    with pytest.raises(ValueError, match="contiguous"):
+        native.decode_attention(qkv, rot, k.transpose(2, 3).contiguous().transpose(2, 3), v, 0, None, out, 2, 0.25)
+    with pytest.raises(ValueError, match="do not match the cache"):
+        native.decode_attention(qkv, rot, k, v, 0, None, out, 4, 0.25)
+    with pytest.raises(ValueError, match="keep"):
+        native.decode_attention(qkv, rot, k, v, 0, torch.ones(2, 7, dtype=torch.bool), out, 2, 0.25)
+
+
+@needs_cc
+@pytest.mark.parametrize("model_name", ["peaked_lm", "peaked_qwen"])
+def test_generate_with_and_without_the_kernel_agree(model_name, tokenizer, request, monkeypatch):
+    """Padded prompts (a mask), a prompt repeated (shared prefill); GQA and biases on the Qwen model."""
+    model = request.getfixturevalue(model_name)
+    prompts = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!"] * 3
+    assert native.available()
+    with_kernel = generate(model, tokenizer, prompts, 12, temperature=0.9, generator=torch.Generator().manual_seed(5))
+    monkeypatch.setattr(native, "available", lambda: False)
+    without = generate(model, tokenizer, prompts, 12, temperature=0.9, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(with_kernel.completion_ids, without.completion_ids)
+    torch.testing.assert_close(with_kernel.logprobs, without.logprobs, rtol=0, atol=1e-4)  # as fast vs generic
+
+
+@pytest.fixture
+def fresh_kernel(tmp_path, monkeypatch):
+    """`native._kernel` rebuilt from scratch in an empty cache directory; restored afterwards."""
+    monkeypatch.setenv("FEEDBACKRL_CACHE", str(tmp_path))
+    native._kernel.cache_clear()
+    yield tmp_path
+    native._kernel.cache_clear()
+
+
+def test_disabled_by_environment(fresh_kernel, monkeypatch, peaked_lm):
+    monkeypatch.setenv("FEEDBACKRL_NATIVE", "0")
+    assert not native.available()
+    with pytest.raises(RuntimeError, match="not available"):
+        native.decode_attention(*inputs(1, 1, 1, 16, 4), 0, None, torch.empty(1, 16), 1, 0.25)
+    assert gen_mod._LlamaDecoder(peaked_lm, torch.ones(2, 3, dtype=torch.long), 4).native is None
+
+
+def test_a_compiler_that_fails_means_the_pytorch_path_and_a_warning(fresh_kernel, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "false")  # runs, exits 1: a broken toolchain
+    with caplog.at_level(logging.WARNING, logger="feedbackrl.rollout.native"):
+        assert not native.available()
+    assert "decode-attention kernel unavailable" in caplog.text
+    assert not list(fresh_kernel.rglob("*.so"))
+
+
+@needs_cc
+def test_built_once_into_the_cache_directory(fresh_kernel):
+    assert native.available()
+    (lib,) = fresh_kernel.rglob("*.so")
+    mtime = lib.stat().st_mtime_ns
+    native._kernel.cache_clear()
+    assert native.available()
+    assert lib.stat().st_mtime_ns == mtime  # loaded from the cache, not rebuilt
+
+
+@needs_cc
+def test_decoder_uses_the_kernel_when_available(peaked_lm):
+    decoder = gen_mod._LlamaDecoder(peaked_lm, torch.ones(2, 3, dtype=torch.long), 4)
+    assert isinstance(decoder.native, native.DecodeAttention)
