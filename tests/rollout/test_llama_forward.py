@@ -127,6 +127,19 @@ def test_fast_forward_matches_hf_logprobs_entropy_and_gradients(model_name, shar
     _compare(model, batch, monkeypatch)
 
 
+@pytest.mark.parametrize("model_name", ["peaked_lm", "qwen_gqa"])
+def test_a_sampled_pad_token_trains_no_embedding_row_as_in_hf(model_name, tokenizer, request, monkeypatch):
+    """HF embeddings with a padding_idx never send a gradient to that row, even where the token is real
+    (a policy can sample the pad id); the pad row is also the tied LM head's, so only the input side differs."""
+    model = request.getfixturevalue(model_name).train()
+    pad = tokenizer.pad_token_id
+    assert model.get_input_embeddings().padding_idx == pad
+    batch = _batch(tokenizer, SHARING["shared"], 9, seed=2)
+    batch[2][:, 1:6:2] = pad  # real completion tokens equal to the pad id (inside the mask)
+    batch[3][:, :6] = 1
+    _compare(model, batch, monkeypatch)
+
+
 def test_unpadded_prompts_take_the_maskless_branch_and_agree(peaked_lm, tokenizer, monkeypatch):
     batch = _batch(tokenizer, ["12+34=", "56+78=", "90+12="] * 3, 6, seed=1)
     assert (batch[1] == 1).all()

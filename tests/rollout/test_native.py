@@ -94,6 +94,55 @@ def test_kernel_rejects_bad_inputs_with_a_clear_message():
         native.decode_attention(qkv, rot, k, v, 0, None, out, 4, 0.25)
     with pytest.raises(ValueError, match="keep"):
         native.decode_attention(qkv, rot, k, v, 0, torch.ones(2, 7, dtype=torch.bool), out, 2, 0.25)
+    with pytest.raises(ValueError, match="CPU tensors only"):
+        native.decode_attention(qkv, rot, k.to("meta"), v, 0, None, out, 2, 0.25)
+    with pytest.raises(ValueError, match="distinct rows"):  # every row the same memory: threads would race
+        native.decode_attention(qkv[:1].expand(2, -1), rot, k, v, 0, None, out, 2, 0.25)
+    odd = inputs(2, 2, 2, 16, 8)
+    with pytest.raises(ValueError, match="must be even"):
+        native.decode_attention(odd[0][:, :30], odd[1][:, :7].contiguous(), odd[2][..., :15].contiguous(),
+                                odd[3][..., :15].contiguous(), 0, None, torch.empty(2, 30), 2, 0.25)
+
+
+@needs_cc
+def test_the_per_decoder_call_refuses_mismatched_caches_and_moved_buffers():
+    qkv, rot, k, v = inputs(2, 2, 2, 16, 8)
+    out = torch.empty(2, 32)
+    with pytest.raises(ValueError, match="layer caches differ"):
+        native.DecodeAttention(qkv, rot, [(k, v), (k[:, :, :4].contiguous(), v[:, :, :4].contiguous())], None, out,
+                               2, 0.25)
+    call = native.DecodeAttention(qkv, rot, [(k, v)], None, out, 2, 0.25)
+    call(0, 3)
+    qkv.resize_(4, 96)  # a buffer reallocated (as an out= of another shape would): its old pointer is stale
+    with pytest.raises(RuntimeError, match="a buffer moved"):
+        call(0, 4)
+
+
+@needs_cc
+def test_kernel_on_two_threads_matches_one():
+    qkv, rot, k, v = inputs(64, 4, 2, 32, 30, seed=3)
+    outs = []
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            q, kk, vv, out = qkv.clone(), k.clone(), v.clone(), torch.empty(64, 128)
+            native.decode_attention(q, rot, kk, vv, 20, None, out, 4, 0.2)
+            outs.append((out, q, kk, vv))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)  # rows are independent: the same arithmetic whichever thread runs them
+
+
+def test_a_decoder_refuses_a_step_with_another_row_count(peaked_lm, tokenizer):
+    if not native.available():
+        pytest.skip("no kernel: the PyTorch path raises its own shape error")
+    decoder = gen_mod._LlamaDecoder(peaked_lm, torch.ones(2, 3, dtype=torch.long), 4)
+    with torch.no_grad():  # as in generate
+        decoder.prefill(torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.arange(3).repeat(2, 1))
+        with pytest.raises(ValueError, match="built for 2 rows, stepped with 3"):
+            decoder(torch.tensor([[5], [6], [7]]), torch.full((3, 1), 3))
 
 
 @needs_cc
@@ -103,7 +152,12 @@ def test_generate_with_and_without_the_kernel_agree(model_name, tokenizer, reque
     model = request.getfixturevalue(model_name)
     prompts = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!"] * 3
     assert native.available()
+    calls = []
+    real_call = native.DecodeAttention.__call__
+    monkeypatch.setattr(native.DecodeAttention, "__call__", lambda self, *a: calls.append(a) or real_call(self, *a))
     with_kernel = generate(model, tokenizer, prompts, 12, temperature=0.9, generator=torch.Generator().manual_seed(5))
+    layers = model.config.num_hidden_layers
+    assert len(calls) == layers * (with_kernel.completion_ids.shape[1] - 1)  # every layer of every decode step
     monkeypatch.setattr(native, "available", lambda: False)
     without = generate(model, tokenizer, prompts, 12, temperature=0.9, generator=torch.Generator().manual_seed(5))
     assert torch.equal(with_kernel.completion_ids, without.completion_ids)

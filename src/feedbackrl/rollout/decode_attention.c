@@ -81,9 +81,9 @@ static inline __attribute__((always_inline)) void attend(const float* q, const f
 
 void frl_decode_attention(float* qkv, int64_t qkv_rs, const float* rot, float* k, float* v, int64_t at,
                           const uint8_t* keep, float* out, int64_t out_rs, int64_t n_rows, int64_t heads,
-                          int64_t kv_heads, int64_t cache_len, int64_t head_dim, float scale) {
+                          int64_t kv_heads, int64_t cache_len, int64_t head_dim, float scale, int n_threads) {
   const int64_t D = head_dim, T = cache_len, len = at + 1, group = heads / kv_heads;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(n_threads)
   for (int64_t n = 0; n < n_rows; n++) {
     float* row = qkv + n * qkv_rs;
     for (int64_t h = 0; h < heads + kv_heads; h++) rope(row + h * D, rot + n * D, D / 2);

@@ -124,22 +124,25 @@ def _fast_path_ok(model: PreTrainedModel) -> bool:
 
 def _train_fast_path_ok(model: PreTrainedModel) -> bool:
     """`llama_forward.completion_logits` reproduces the model's training forward: no dropout, no checkpointing."""
-    if getattr(model, "is_activation_checkpointing", False) or not _fast_path_ok(model):
+    # transformers 5.2x renamed is_gradient_checkpointing (now a deprecated alias) to is_activation_checkpointing
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    if getattr(model, name, False) or not _fast_path_ok(model):
         return False
     return not (model.training and getattr(model.config, "attention_dropout", 0.0))
 
 
-def _empty_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+def _empty_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
     """An uninitialised CPU tensor in a fresh anonymous mapping that Linux may back with 2 MB pages.
 
     The KV cache is larger than the caches of this CPU and every decode step reads it all, a few KB
     per (row, head) at a time: with 4 KB pages most of those reads also miss the TLB. Transparent
     huge pages (granted on request where the system's setting is `madvise`, the common default)
-    make the decode step ~1.1x faster on the tiny model. Elsewhere this is a plain `torch.empty`.
+    make the decode step ~1.1x faster on the tiny model. Elsewhere (and on a GPU) this is a plain `torch.empty`.
     """
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < 4 << 20 or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(shape, dtype=dtype)
+    if torch.device(device).type != "cpu" or nbytes < 4 << 20 or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(shape, dtype=dtype, device=device)
     # private (a shared anonymous mapping is shmem, which THP leaves alone) and untouched: pages come on first write
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(OSError):  # THP compiled out of this kernel: 4 KB pages
@@ -191,7 +194,8 @@ class _LlamaDecoder:
         self.embed = inner.embed_tokens.weight
         c = self.embed.shape[1]
         # rms_norm(x) * w @ W.T == r * x @ (sqrt(C) * w[:, None] * W.T) with r = rsqrt(sum(x^2) + C * eps)
-        self.c_eps = torch.tensor(c * cfg.rms_norm_eps, dtype=self.embed.dtype)
+        dev = self.embed.device
+        self.c_eps = torch.tensor(c * cfg.rms_norm_eps, dtype=self.embed.dtype, device=dev)
 
         def folded(norm: Tensor, *linears: nn.Linear, rows: Tensor | None = None) -> Tensor:  # (in, out)
             w = torch.cat([m.weight for m in linears])  # (out, in): reordering rows here is a cheap gather
@@ -205,7 +209,7 @@ class _LlamaDecoder:
         # rotate_half's RoPE. q.k is a sum over the head dim, so the same reorder of q and k (the cache
         # holds reordered keys) leaves the scores unchanged; v is not reordered.
         d, half = self.head_dim, self.head_dim // 2
-        rows = rope_pair_rows(self.heads, self.kv_heads, d)
+        rows = rope_pair_rows(self.heads, self.kv_heads, d, dev)
         self.layers = []
         for layer in inner.layers:  # copies: weights change between rollouts, so rebuilt per call
             at, mlp = layer.self_attn, layer.mlp
@@ -217,10 +221,10 @@ class _LlamaDecoder:
                 _cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), plain(mlp.down_proj), mlp.down_proj.bias))
         self.lm_head = folded(inner.norm.weight, model.get_output_embeddings())
         total = p + max_new_tokens
-        cache = _empty_huge_pages((len(self.layers), 2, n, self.kv_heads, total, d), self.embed.dtype)
+        cache = _empty_huge_pages((len(self.layers), 2, n, self.kv_heads, total, d), self.embed.dtype, dev)
         self.cache = [(c, c[0], c[1]) for c in cache]  # per layer: (k and v, k, v), each (N, Hkv, P + T, D)
         # RoPE for every position this call can reach, from the model's own rotary module
-        cos, sin = (t[0] for t in inner.rotary_emb(self.embed, torch.arange(total)[None]))
+        cos, sin = (t[0] for t in inner.rotary_emb(self.embed, torch.arange(total, device=dev)[None]))
         if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
             raise ValueError("RoPE tables are not cat(freqs, freqs): _fast_path_ok should have refused this model")
         self.rot = torch.complex(cos[:, :half], sin[:, :half])  # (P + T, D/2)
@@ -230,14 +234,16 @@ class _LlamaDecoder:
         self.padded = not bool(prompt_mask.all())
         keep = torch.cat([prompt_mask.bool(), prompt_mask.new_ones(n, max_new_tokens, dtype=torch.bool)], dim=1)
         self.keep = keep[:, None, None, :]  # (N, 1, 1, P + T): key j visible to every query
-        causal = torch.ones(p, p, dtype=torch.bool).tril()
+        causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
         # prefill: causal and real keys; a pad query sees itself so its row is never all -inf (no NaN)
-        self.prefill_mask = (causal & (prompt_mask.bool()[:, None, :] | torch.eye(p, dtype=torch.bool)))[:, None]
+        eye = torch.eye(p, dtype=torch.bool, device=dev)
+        self.prefill_mask = (causal & (prompt_mask.bool()[:, None, :] | eye))[:, None]
         self.seen = 0
         # decode steps (one token per row) run RoPE, the cache append and attention in one C kernel where it
         # builds (native.py); it writes into fixed buffers, refilled every step: qkv, each row's RoPE, output
         self.native = None
-        if native.available() and not self.embed.is_cuda and total <= native.MAX_CACHE and d <= native.MAX_HEAD_DIM:
+        if (native.available() and dev.type == "cpu" and total <= native.MAX_CACHE and d <= native.MAX_HEAD_DIM
+                and d % 2 == 0):
             h, hk = self.heads, self.kv_heads
             self.qkv_buf = torch.empty(n, (h + 2 * hk) * d, dtype=self.embed.dtype)
             self.rot_buf = torch.empty(n, half, dtype=self.rot.dtype)
@@ -274,7 +280,7 @@ class _LlamaDecoder:
         """Logits (n, V) at the last of s new positions for (n, s) tokens. `distinct` (prefill only): tokens are
         the distinct prompts, rows `first` of the batch, and `inverse` maps every batch row to its prompt."""
         n, s = tokens.shape
-        if s == 1 and self.native is not None and self.seen > 0:
+        if s == 1 and self.native is not None and self.seen > 0 and distinct is None:
             return self._native_step(tokens, pos)
         start, self.seen = self.seen, self.seen + s
         h, hk, d = self.heads, self.kv_heads, self.head_dim
@@ -312,6 +318,8 @@ class _LlamaDecoder:
 
     def _native_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """`__call__` for one token per row, attention by the C kernel (same maths, float rounding only)."""
+        if tokens.shape[0] != self.qkv_buf.shape[0]:
+            raise ValueError(f"decoder built for {self.qkv_buf.shape[0]} rows, stepped with {tokens.shape[0]}")
         at, self.seen = self.seen, self.seen + 1
         torch.index_select(self.rot, 0, pos.view(-1), out=self.rot_buf)
         x = F.embedding(tokens.view(-1), self.embed)  # (N, C)
@@ -341,7 +349,7 @@ def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: i
     logp_all = torch.log_softmax(scaled, dim=-1)
     scores = logp_all
     if ban is not None:  # EOS suppressed (min_new_tokens); the reported log-prob ignores the ban
-        scores = logp_all.index_fill(-1, torch.tensor([ban]), float("-inf"))
+        scores = logp_all.index_fill(-1, torch.tensor([ban], device=logp_all.device), float("-inf"))
     if greedy:
         tok = scores.argmax(-1)
     else:
@@ -356,9 +364,13 @@ def _sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     `torch.multinomial` draws N*V exponentials per call; this draws N uniforms (4x faster here).
     The draw u is in (0, total]; the first token whose CDF reaches it is picked, so zero-probability
     tokens (top-p, banned EOS) are never picked and u == total still lands on a real token.
+    The uniforms come from `generator` on its own device (a CPU generator drives a GPU model: a seed
+    draws the same uniforms wherever the model runs).
     """
     cdf = probs.cumsum(-1)
-    u = (1.0 - torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype)) * cdf[:, -1:]
+    device = generator.device if generator is not None else cdf.device
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=device).to(cdf.device)
+    u = (1.0 - u) * cdf[:, -1:]
     return torch.searchsorted(cdf, u).squeeze(1)
 
 
@@ -373,7 +385,8 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    dev = model.device  # the rollout lives where the model does
+    prompt_ids, prompt_mask = (t.to(dev) for t in encode_prompts(tokenizer, prompts))
     n, eos, pad = prompt_ids.shape[0], tokenizer.eos_token_id, tokenizer.pad_token_id
     was_training = model.training
     model.eval()
@@ -382,8 +395,8 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
         logits = decoder.prefill(prompt_ids, positions(prompt_mask))
         pos = positions(prompt_mask)[:, -1:]
         completion_ids = prompt_ids.new_full((n, max_new_tokens), pad)
-        logps = torch.zeros(n, max_new_tokens)
-        done = torch.zeros(n, dtype=torch.bool)
+        logps = torch.zeros(n, max_new_tokens, device=dev)
+        done = torch.zeros(n, dtype=torch.bool, device=dev)
         for t in range(max_new_tokens):
             tok, logp = _pick(logits, temperature, top_p, greedy, eos if t < min_new_tokens else None, generator)
             completion_ids[:, t] = tok.masked_fill_(done, pad)
@@ -398,7 +411,7 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     completion_ids, logps = completion_ids[:, : t + 1], logps[:, : t + 1]
     is_eos = (completion_ids == eos).long()
     completion_mask = (torch.cumsum(is_eos, dim=1) - is_eos == 0).long()  # generated before (or is) the first EOS
-    texts = tokenizer.batch_decode(completion_ids * completion_mask + pad * (1 - completion_mask),
+    texts = tokenizer.batch_decode((completion_ids * completion_mask + pad * (1 - completion_mask)).tolist(),
                                    skip_special_tokens=True)
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, logps * completion_mask, texts,
                    ~is_eos.bool().any(dim=1))

@@ -51,7 +51,7 @@ class _RMSNorm(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, eps: float) -> Tensor:
         c = x.shape[-1]
         r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        r = torch.addcmul(torch.tensor(c * eps, dtype=x.dtype), r, r).rsqrt_().mul_(c**0.5)  # (M, 1)
+        r = torch.addcmul(torch.tensor(c * eps, dtype=x.dtype, device=x.device), r, r).rsqrt_().mul_(c**0.5)  # (M, 1)
         y = x * r
         ctx.save_for_backward(y, r)
         return y
@@ -169,14 +169,15 @@ def _cat_or_none(tensors: list[Tensor | None]) -> Tensor | None:
     return None if any(t is None for t in tensors) else torch.cat(tensors)
 
 
-def rope_pair_rows(heads: int, kv_heads: int, head_dim: int) -> Tensor:
+def rope_pair_rows(heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu") -> Tensor:
     """Row order of a fused (q, k, v) projection ((H + 2 Hkv) D rows) that puts each q/k head's RoPE
     pair (i, i + D/2) side by side, so RoPE is one complex multiply (module docstring); v rows stay put.
     The decoder (`generate._LlamaDecoder`) and the training forward use the same order."""
     half = head_dim // 2
     order = torch.arange(head_dim).view(2, half).t().reshape(-1)  # (i, i + D/2) adjacent
     qk_rows = (torch.arange(heads + kv_heads)[:, None] * head_dim + order).reshape(-1)
-    return torch.cat([qk_rows, torch.arange((heads + kv_heads) * head_dim, (heads + 2 * kv_heads) * head_dim)])
+    v_rows = torch.arange((heads + kv_heads) * head_dim, (heads + 2 * kv_heads) * head_dim)
+    return torch.cat([qk_rows, v_rows]).to(device)
 
 
 def _attention_mask(mask: Tensor) -> dict[str, Tensor | bool]:
@@ -244,10 +245,11 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
         completion_args = {"attn_mask": _completion_mask(mask[:, :p], t)}
     cos, sin = inner.rotary_emb(embed, rows_pos)  # cat(freqs, freqs)
     rot = torch.complex(cos[..., :half], sin[..., :half]).view(-1, 1, half)
-    rows = rope_pair_rows(h, hk, d)
+    rows = rope_pair_rows(h, hk, d, embed.device)
     att_args = _attention_mask(mask) if shared is None else None
     gqa = {"enable_gqa": True} if hk != h else {}
-    x = F.embedding(rows_ids, embed)  # (rows, C)
+    # padding_idx as the model's embedding: that row never gets a gradient, even where the pad id is a real token
+    x = F.embedding(rows_ids, embed, padding_idx=inner.embed_tokens.padding_idx)  # (rows, C)
     for layer in inner.layers:
         at, mlp = layer.self_attn, layer.mlp
         w_qkv = (torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]) * layer.input_layernorm.weight)[rows]

@@ -29,7 +29,9 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("decode_attention.c")
-MAX_HEAD_DIM, MAX_CACHE = 256, 1 << 16  # longer caches and larger heads keep the PyTorch path
+# longer caches and larger heads keep the PyTorch path: the kernel's per-thread buffers (len + D floats) live on
+# the stack, 64 KB at most, which every thread library's default stack holds
+MAX_HEAD_DIM, MAX_CACHE = 256, 1 << 14
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
 
 
@@ -79,7 +81,7 @@ def _kernel() -> ctypes._CFuncPtr | None:
         log.warning("decode-attention kernel unavailable, using the PyTorch path: %s", err)
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float]
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     fn.restype = None
     return fn
 
@@ -94,9 +96,15 @@ def _check(qkv: Tensor, rot: Tensor, k: Tensor, v: Tensor, at: int, keep: Tensor
     n, kv_heads, t, d = v.shape
     if not (qkv.dtype == k.dtype == v.dtype == out.dtype == torch.float32 and rot.dtype == torch.complex64):
         raise TypeError("decode_attention takes float32 tensors and a complex64 rot")
-    if not (k.is_contiguous() and v.is_contiguous() and rot.is_contiguous() and qkv.stride(1) == 1
-            and out.stride(1) == 1 and k.shape == v.shape and not (v.is_cuda or qkv.is_cuda)):
-        raise ValueError("decode_attention: contiguous CPU caches and row-major qkv/out expected")
+    tensors = (qkv, rot, k, v, out) + (() if keep is None else (keep,))
+    if any(x.device.type != "cpu" for x in tensors):
+        raise ValueError("decode_attention: CPU tensors only (the kernel reads their memory directly)")
+    if not (k.is_contiguous() and v.is_contiguous() and rot.is_contiguous() and k.shape == v.shape
+            and qkv.stride(1) == 1 and qkv.stride(0) >= qkv.shape[1] and out.stride(1) == 1
+            and out.stride(0) >= out.shape[1]):
+        raise ValueError("decode_attention: contiguous caches and row-major qkv/out (distinct rows) expected")
+    if d <= 0 or d % 2 or kv_heads <= 0:
+        raise ValueError(f"decode_attention: head dim {d} must be even (RoPE pairs) and kv heads {kv_heads} > 0")
     if qkv.shape != (n, (heads + 2 * kv_heads) * d) or out.shape != (n, heads * d) or rot.shape != (n, d // 2):
         raise ValueError(f"decode_attention: shapes qkv {tuple(qkv.shape)}, out {tuple(out.shape)}, "
                          f"rot {tuple(rot.shape)} do not match the cache {tuple(v.shape)} with {heads} heads")
@@ -125,22 +133,29 @@ def decode_attention(qkv: Tensor, rot: Tensor, k: Tensor, v: Tensor, at: int, ke
     _check(qkv, rot, k, v, at, keep, out, heads)
     n, kv_heads, t, d = v.shape
     fn(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), k.data_ptr(), v.data_ptr(), at,
-       None if keep is None else keep.data_ptr(), out.data_ptr(), out.stride(0), n, heads, kv_heads, t, d, scale)
+       None if keep is None else keep.data_ptr(), out.data_ptr(), out.stride(0), n, heads, kv_heads, t, d, scale,
+       torch.get_num_threads())
 
 
 class DecodeAttention:
     """`decode_attention` with everything but the position fixed, checked once: the decoder's per-layer call.
 
-    qkv, rot and out are buffers the caller refills every step (same storage); caches is one (k, v) per layer.
+    qkv, rot and out are buffers the caller refills every step in place (an `out=` that resized one would move
+    its storage: each call checks it did not); caches is one (k, v) per layer, all of one shape.
     """
 
     def __init__(self, qkv: Tensor, rot: Tensor, caches: list[tuple[Tensor, Tensor]], keep: Tensor | None,
                  out: Tensor, heads: int, scale: float) -> None:
         for k, v in caches:  # every check of decode_attention, once
+            if k.shape != caches[0][0].shape:
+                raise ValueError(f"decode_attention: layer caches differ in shape: {tuple(k.shape)} and "
+                                 f"{tuple(caches[0][0].shape)}")
             _check(qkv, rot, k, v, k.shape[2] - 1, keep, out, heads)
         self.fn = _kernel()
         n, kv_heads, t, d = caches[0][1].shape
         self.t = t
+        self.buffers = (qkv, rot, out)
+        self.pointers = tuple(b.data_ptr() for b in self.buffers)
         self.head = (qkv.data_ptr(), qkv.stride(0), rot.data_ptr())
         self.layers = [(k.data_ptr(), v.data_ptr()) for k, v in caches]
         self.tail = (None if keep is None else keep.data_ptr(), out.data_ptr(), out.stride(0), n, heads, kv_heads, t,
@@ -150,4 +165,6 @@ class DecodeAttention:
     def __call__(self, layer: int, at: int) -> None:
         if not 0 <= at < self.t:
             raise ValueError(f"decode_attention: position {at} outside a cache of {self.t}")
-        self.fn(*self.head, *self.layers[layer], at, *self.tail)
+        if tuple(b.data_ptr() for b in self.buffers) != self.pointers:
+            raise RuntimeError("decode_attention: a buffer moved (resized by an out= of another shape?)")
+        self.fn(*self.head, *self.layers[layer], at, *self.tail, torch.get_num_threads())
