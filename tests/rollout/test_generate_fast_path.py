@@ -141,3 +141,31 @@ def test_prefill_runs_each_distinct_prompt_once_and_fills_every_row(model_name, 
             torch.testing.assert_close(kv[..., :p, :], kv_want[..., :p, :], rtol=0, atol=1e-5)
         step = torch.full((len(prompts), 1), 5)  # and the next step sees the same cache
         torch.testing.assert_close(shared(step, pos[:, -1:] + 1), per_row(step, pos[:, -1:] + 1), rtol=0, atol=1e-5)
+
+
+def test_autocast_takes_the_models_own_forward(peaked_lm, tokenizer):
+    """Under bf16 autocast the fast paths (float32 buffers, custom autograd functions) step aside."""
+    ro = generate(peaked_lm, tokenizer, PROMPTS, 4, generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not _fast_path_ok(peaked_lm)
+        lp, _ = sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+        lp.sum().backward()  # crashed in the fast path's custom backward (mixed dtypes)
+        again = generate(peaked_lm, tokenizer, PROMPTS, 4, generator=torch.Generator().manual_seed(0))
+    peaked_lm.zero_grad(set_to_none=True)
+    assert _fast_path_ok(peaked_lm)
+    assert again.completion_ids.shape[0] == len(PROMPTS)
+    torch.testing.assert_close(lp.float(), sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask,
+                                                             ro.completion_ids, ro.completion_mask)[0].detach(),
+                               rtol=0, atol=0.2)  # bf16 matmuls: close, not equal
+
+
+def test_an_empty_prompt_generates_and_scores_as_hf(peaked_lm, tokenizer):
+    """An all-padding row: HF attends uniformly over its all-masked keys; such batches take HF's forward."""
+    prompts = ["", "1+1=", "12+3="]
+    enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
+    expected = peaked_lm.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    ro = generate(peaked_lm, tokenizer, prompts, 6, greedy=True)
+    assert torch.equal(ro.completion_ids, expected[:, enc["input_ids"].shape[1]:][:, : ro.completion_ids.shape[1]])
+    with torch.no_grad():
+        lp, _ = sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+    torch.testing.assert_close(lp, ro.logprobs, rtol=0, atol=1e-4)  # the training forward agrees with the sampler

@@ -104,6 +104,9 @@ def _fast_path_ok(model: PreTrainedModel) -> bool:
     """True for unmodified Llama/Qwen2 models whose maths `_LlamaDecoder` reproduces exactly."""
     cfg = model.config
     inner = getattr(model, "model", None)
+    # under autocast the matmuls would run in bf16/fp16 against our float32 buffers: the model's own forward handles it
+    if torch.is_autocast_enabled(model.device.type):
+        return False
     if cfg.model_type not in _FAST_MODEL_TYPES or inner is None or not hasattr(inner, "layers"):
         return False
     rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
@@ -391,7 +394,10 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     was_training = model.training
     model.eval()
     try:
-        decoder = (_LlamaDecoder if _fast_path_ok(model) else _HFDecoder)(model, prompt_mask, max_new_tokens)
+        # an empty prompt (all padding) takes HF's forward: HF attends uniformly over an all-masked row's keys
+        # (the mask's large negative swamps the scores), which the fast path's boolean masks do not reproduce
+        fast = _fast_path_ok(model) and bool(prompt_mask.any(1).all())
+        decoder = (_LlamaDecoder if fast else _HFDecoder)(model, prompt_mask, max_new_tokens)
         logits = decoder.prefill(prompt_ids, positions(prompt_mask))
         pos = positions(prompt_mask)[:, -1:]
         completion_ids = prompt_ids.new_full((n, max_new_tokens), pad)
@@ -432,7 +438,7 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
     # mask (no prompt padding) lets the model skip building a 4-D mask and use causal attention.
     mask = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)
     t = completion_ids.shape[1]
-    if _train_fast_path_ok(model):
+    if _train_fast_path_ok(model) and bool(prompt_mask.any(1).all()):  # an empty prompt: HF's forward, as in generate
         logits = completion_logits(model, ids, mask, positions(mask), t)
     else:
         # only the last T + 1 positions predict completion tokens: skip the LM head on the rest of the prompt
