@@ -28,3 +28,9 @@ test-all: setup
 
 lint: setup
 	$(PY) -m ruff check .
+
+# the speed comparison with TRL (issue 5): `make bench`, or `make bench BENCH_ARGS="--quick --threads 1"`
+BENCH_ARGS ?= --threads 1
+bench: setup
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
