@@ -148,6 +148,9 @@ class TrainConfig(Section):
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 = only at the end")
     tensorboard: bool = Field(False, description="also log to TensorBoard (needs the tensorboard extra)")
+    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$", description=(
+        "where the policy trains and generates: 'cpu', 'cuda', 'cuda:N', or 'auto' (a GPU when torch sees one); "
+        "the SFT + GRPO/RLOO pipeline only, so far"))
     micro_batch_size: int = Field(0, ge=0, description=(
         "online RL: completions per training forward/backward; each minibatch's gradient is accumulated over "
         "chunks this size (the same gradient up to float rounding, less activation memory); 0 = the whole "

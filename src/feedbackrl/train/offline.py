@@ -54,6 +54,7 @@ def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ta
             demos = [task.demonstrate(p, rng) for p in problems]
             p_ids, p_mask = encode_prompts(tokenizer, [p.prompt for p in problems])
             c_ids, c_mask = encode_completions(tokenizer, demos)
+            p_ids, p_mask, c_ids, c_mask = (t.to(model.device) for t in (p_ids, p_mask, c_ids, c_mask))
             logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
             loss = sft_loss(logprobs, c_mask)
             loss.backward()

@@ -54,7 +54,7 @@ def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     if saved is None:
         ref = copy.deepcopy(model)
     elif saved.is_dir():
-        ref = load_policy(str(saved))
+        ref = load_policy(str(saved)).to(model.device)
     else:
         raise CheckpointError(f"cannot resume from {str(resume_from)!r} with algo.kl_coef > 0: its frozen reference "
                               f"{str(saved)!r} is missing (was the run started with kl_coef = 0, or the checkpoint "
@@ -128,7 +128,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 verdicts = [task.verify(p, text) for p, text in zip(owners, ro.texts, strict=True)]
             if isinstance(task, Stateful):
                 task.observe(owners, verdicts)
-            rewards = torch.tensor([v.score for v in verdicts])
+            rewards = torch.tensor([v.score for v in verdicts], device=ro.completion_ids.device)
             advantages = ADVANTAGES[a.name](rewards, G, scale=a.scale_advantages)
             batch = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
             mask = ro.completion_mask.float()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from feedbackrl.config import RunConfig
+from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
@@ -32,6 +32,19 @@ from feedbackrl.train.rlhf import finish_rlhf, run_rlhf
 
 def set_threads(n: int) -> None:
     torch.set_num_threads(n or os.cpu_count() or 1)
+
+
+def resolve_device(name: str) -> torch.device:
+    """`train.device` -> a torch device; 'auto' is the first GPU when torch sees one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device = {name!r} but torch sees no CUDA device (a CPU build of torch, or no GPU "
+                         "here); use 'cpu' or 'auto'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"train.device = {name!r} but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def load_or_build(cfg: RunConfig, out_dir: Path) -> tuple[Any, Any]:
@@ -73,6 +86,7 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
     """Run the recipe into `out_dir`; with `resume`, continue RL from a checkpoint (SFT is not redone)."""
     if cfg.algo.name not in ("grpo", "rloo") or cfg.reward.model:
         return run_preference(cfg, out_dir, resume)
+    device = resolve_device(cfg.train.device)  # before any work: a bad device fails the run at once
     t_start = time.perf_counter()
     out_dir = start_run(cfg, out_dir)
     task = make_task(cfg.task)
@@ -83,11 +97,12 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
             saved = read_config_json(ckpt)
             if saved != json.loads(cfg.model_dump_json()):
                 console.print("[yellow]warning: resuming with a config that differs from the checkpoint's")
-            model, tokenizer = load_policy(str(ckpt)), load_tokenizer(str(ckpt))
+            model, tokenizer = load_policy(str(ckpt)).to(device), load_tokenizer(str(ckpt))
             before = json.loads((out_dir / "eval_before.json").read_text()) \
                 if (out_dir / "eval_before.json").exists() else None
         else:
             model, tokenizer = load_or_build(cfg, out_dir)
+            model.to(device)
             if cfg.sft.steps:
                 sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
             before = run_eval(model, tokenizer, task, cfg).to_dict()
@@ -119,6 +134,9 @@ def run_preference(cfg: RunConfig, out_dir: str | Path, resume: str | Path | Non
     if resume is not None:
         raise CheckpointError(f"--resume works for grpo and rloo against the task's verifier only, not "
                               f"algo.name={cfg.algo.name!r} with reward.model={cfg.reward.model!r}")
+    if resolve_device(cfg.train.device).type != "cpu":
+        raise ConfigError(f"train.device = {cfg.train.device!r}: only the SFT + GRPO/RLOO pipeline runs off the CPU "
+                         f"so far, not algo.name={cfg.algo.name!r} with reward.model={cfg.reward.model!r}")
     out_dir = start_run(cfg, out_dir)
     sink = make_sink(cfg, out_dir)
     try:
