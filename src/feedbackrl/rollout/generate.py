@@ -307,17 +307,21 @@ class _LlamaDecoder:
                 keys, values = new_kv[:, :, 0].transpose(1, 2), new_kv[:, :, 1].transpose(1, 2)
             q = qkv[:, : h * d].view(n, s, h, d).transpose(1, 2)
             att = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, **mask, **self.gqa)
-            x.addmm_(att.transpose(1, 2).reshape(n * s, h * d), w_o)
-            if b_o is not None:
-                x += b_o
-            y = self._normed(x)
-            gu = torch.mm(y, w_gu) if b_gu is None else torch.addmm(b_gu, y, w_gu)
-            inter = gu.shape[1] // 2
-            x.addmm_(F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:]), w_down)
-            if b_down is not None:
-                x += b_down
+            self._after_attention(x, att.transpose(1, 2).reshape(n * s, h * d), w_o, b_o, w_gu, b_gu, w_down, b_down)
         return torch.mm(self._normed(x.view(n, s, -1)[:, -1]), self.lm_head)
 
+    def _after_attention(self, x: Tensor, att: Tensor, w_o: Tensor, b_o: Tensor | None, w_gu: Tensor,
+                         b_gu: Tensor | None, w_down: Tensor, b_down: Tensor | None) -> None:
+        """The rest of a layer, into x in place: x += att @ w_o (+ b_o), then x += the SiLU-gated MLP of norm(x)."""
+        x.addmm_(att, w_o)
+        if b_o is not None:
+            x += b_o
+        y = self._normed(x)
+        gu = torch.mm(y, w_gu) if b_gu is None else torch.addmm(b_gu, y, w_gu)
+        inter = gu.shape[1] // 2
+        x.addmm_(F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:]), w_down)
+        if b_down is not None:
+            x += b_down
 
     def _native_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """`__call__` for one token per row, attention by the C kernel (same maths, float rounding only)."""
@@ -333,15 +337,7 @@ class _LlamaDecoder:
             else:
                 torch.addmm(b_qkv, y, w_qkv, out=self.qkv_buf)
             self.native(i, at)  # RoPE on q and k, k and v into the cache at `at`, attention into att_buf
-            x.addmm_(self.att_buf, w_o)
-            if b_o is not None:
-                x += b_o
-            y = self._normed(x)
-            gu = torch.mm(y, w_gu) if b_gu is None else torch.addmm(b_gu, y, w_gu)
-            inter = gu.shape[1] // 2
-            x.addmm_(F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:]), w_down)
-            if b_down is not None:
-                x += b_down
+            self._after_attention(x, self.att_buf, w_o, b_o, w_gu, b_gu, w_down, b_down)
         return torch.mm(self._normed(x), self.lm_head)
 
 
