@@ -54,7 +54,7 @@ def build_sft(cfg: Any, out: Path) -> Path:
     from feedbackrl.envs.registry import make_task
     from feedbackrl.models.load import load_policy, load_tokenizer
     from feedbackrl.models.tiny import make_tiny
-    from feedbackrl.train.offline import sft_warmstart
+    from feedbackrl.train.sft import sft_warmstart
 
     base = make_tiny(out / "base", cfg.model.size, cfg.model.init_seed)
     model, tokenizer = load_policy(str(base)), load_tokenizer(str(base))
@@ -68,7 +68,7 @@ def run_ours(cfg: Any, sft: Path, seed: int, steps: int, every: int) -> list[tup
     from feedbackrl.config import build_config
     from feedbackrl.envs.registry import make_task
     from feedbackrl.models.load import load_policy, load_tokenizer
-    from feedbackrl.train.online import train_grpo
+    from feedbackrl.train.grpo import train_grpo
 
     data = cfg.model_dump()
     data["algo"].update(steps=steps)

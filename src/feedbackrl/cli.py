@@ -30,7 +30,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from feedbackrl.envs.dataset import DatasetError
     from feedbackrl.models.load import ModelLoadError
     from feedbackrl.train.checkpoint import CheckpointError
-    from feedbackrl.train.offline import SFTUnavailable
+    from feedbackrl.train.sft import SFTUnavailable
 
     return ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable
 

@@ -11,9 +11,9 @@ from feedbackrl.config import build_config
 from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, read_jsonl
 from feedbackrl.models.tiny import build_model, build_tokenizer
-from feedbackrl.train.offline import sft_warmstart
-from feedbackrl.train.online import train_grpo
+from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.pipeline import run_eval
+from feedbackrl.train.sft import sft_warmstart
 
 # Short words over 5 letters; the annotator copies instead of reversing 4+-letter words 70% of
 # the time, so after SFT greedy decoding gets most long words wrong.

@@ -14,12 +14,12 @@ from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
+from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
 from feedbackrl.models.reward import build_reward_model, save_reward_model
 from feedbackrl.rewards.learned import LearnedReward
 from feedbackrl.rewards.verdict import Problem
-from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
 from feedbackrl.train import preference
-from feedbackrl.train.online import ADVANTAGES, train_grpo
+from feedbackrl.train.grpo import ADVANTAGES, train_grpo
 from feedbackrl.train.ppo import VALUE_HEAD_FILE, logprobs_and_values, make_value_head, train_ppo
 from feedbackrl.train.rlhf import gold_comparison, make_scorer
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
 
 _CACHE_SIZE = 50_000
@@ -183,7 +184,7 @@ def check_answer(verifier: str, answer: Any) -> str | None:
 
 
 @dataclass
-class DatasetTask:
+class DatasetTask(Task):
     """Problems from a dataset source; a fixed `heldout_fraction` of rows is kept for eval."""
 
     path: Any

@@ -530,8 +530,8 @@ def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[s
     from feedbackrl.feedback.app import create_app
     from feedbackrl.feedback.server import LiveServer
     from feedbackrl.feedback.store import create_labeller, open_db
-    from feedbackrl.train.offline import sft_warmstart
     from feedbackrl.train.pipeline import load_or_build
+    from feedbackrl.train.sft import sft_warmstart
 
     t0 = time.perf_counter()
     task = make_task(cfg.task)

@@ -24,10 +24,10 @@ from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
 from feedbackrl.train.evaluate import EvalResult, evaluate
-from feedbackrl.train.offline import sft_warmstart
-from feedbackrl.train.online import train_grpo
+from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.report import print_report, write_plot
 from feedbackrl.train.rlhf import finish_rlhf, run_rlhf
+from feedbackrl.train.sft import sft_warmstart
 
 
 def set_threads(n: int) -> None:

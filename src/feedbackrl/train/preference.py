@@ -32,10 +32,10 @@ from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy,
 from feedbackrl.config import DPOConfig, RewardModelConfig
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.log import MetricsSink, progress
+from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
 from feedbackrl.models.reward import Calibration, RewardModel, encode_texts, score_texts
-from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
-from feedbackrl.train.offline import encode_completions
 from feedbackrl.train.optim import adamw
+from feedbackrl.train.sft import encode_completions
 
 Ranked = tuple[str, list[str]]  # (prompt, responses best first)
 

@@ -50,10 +50,11 @@ from feedbackrl.models.reward import build_reward_model, save_reward_model
 from feedbackrl.rewards.learned import LearnedReward
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import generate
-from feedbackrl.train.offline import sft_warmstart
-from feedbackrl.train.online import Scorer, train_grpo
+from feedbackrl.train.collect import Scorer
+from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.ppo import train_ppo
 from feedbackrl.train.preference import train_dpo, train_reward_model
+from feedbackrl.train.sft import sft_warmstart
 
 WIN_RATE_SAMPLES = 4  # sampled completions per held-out prompt and model in the gold comparison
 
@@ -131,10 +132,7 @@ def make_scorer(cfg: RunConfig, task: Task, gold: GoldScore) -> Scorer:
     learned = LearnedReward.from_dir(cfg.reward.model) if cfg.reward.model else None
 
     def score(problems: list[Problem], texts: list[str]) -> tuple[list[Verdict], dict[str, float]]:
-        if learned is not None:
-            verdicts = learned.batch(problems, texts)
-        else:
-            verdicts = [task.verify(p, t) for p, t in zip(problems, texts, strict=True)]
+        verdicts = learned.batch(problems, texts) if learned is not None else task.verify_batch(problems, texts)
         golds = [gold(p, t) for p, t in zip(problems, texts, strict=True)]
         extra = {"reward/gold_mean": sum(golds) / len(golds), "reward/gold_pass_rate": golds.count(1.0) / len(golds)}
         if learned is not None:

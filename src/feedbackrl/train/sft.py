@@ -12,7 +12,7 @@ from feedbackrl.algos.sft import sft_loss
 from feedbackrl.config import SFTConfig
 from feedbackrl.envs.base import Demonstrates, Task
 from feedbackrl.log import MetricsSink, progress
-from feedbackrl.rollout.generate import encode_prompts, sequence_logprobs
+from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
 from feedbackrl.train.optim import adamw
 
 
