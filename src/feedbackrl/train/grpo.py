@@ -6,6 +6,7 @@ All maths lives in `feedbackrl.algos`; this file only wires it. Setup helpers si
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
@@ -21,13 +22,14 @@ from feedbackrl.algos.aggregate import AGGREGATIONS
 from feedbackrl.algos.kl import kl_k3
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.algos.rloo import rloo_advantages
+from feedbackrl.algos.staleness import decoupled_pg_loss, staleness
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
-from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.collect import Collector, InProcessCollector, Scorer, minibatches, task_scorer
 from feedbackrl.train.optim import adamw
 
 REFERENCE_DIR = "reference"
@@ -63,15 +65,37 @@ def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     return ref
 
 
+def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+                   scorer: Scorer) -> Collector:
+    """This process's collect step, or Ray workers' when the recipe's `[scale]` section asks for them."""
+    if not cfg.scale.uses_ray:
+        return InProcessCollector(model, tokenizer, task, scorer, cfg.rollout)
+    from feedbackrl.scale.collectors import ray_collector  # Ray is an optional extra: imported only when used
+
+    return ray_collector(cfg, model, tokenizer, task, scorer)
+
+
+def stale_metrics(versions: torch.Tensor | None, learner_version: int, bound: int) -> dict[str, float]:
+    """scale/staleness_{mean,max} of a batch sampled by workers; an error past the bound."""
+    if versions is None:
+        return {}
+    age = staleness(versions, learner_version)
+    if int(age.max()) > bound:
+        raise RuntimeError(f"a sample is {int(age.max())} policy versions old, past scale.max_staleness={bound}")
+    return {"scale/staleness_mean": age.float().mean().item(), "scale/staleness_max": float(age.max())}
+
+
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                on_eval: Callable[[int], dict[str, Any]] | None = None,
-               scorer: Scorer | None = None) -> dict[str, Any]:
+               scorer: Scorer | None = None, collector: Collector | None = None) -> dict[str, Any]:
     """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
-    Completions are scored by the task's verifier, or by `scorer` when given.
+    Completions are scored by the task's verifier, or by `scorer` when given; batches come from
+    `collector` when given, else from `make_collector` (this process unless `[scale]` asks for workers).
     """
     scorer = scorer or task_scorer(task)
+    collector = collector or make_collector(cfg, model, tokenizer, task, scorer)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G = ro_cfg.prompts_per_step, ro_cfg.group_size
     optimizer = make_optimizer(model, cfg)
@@ -88,6 +112,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             task.load_state_dict(state.task_state)
         start = state.step
         console.print(f"resumed from {resume_from} at step {start}")
+        collector.update(model, start)  # the resumed weights are policy version `start`
     ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
@@ -98,12 +123,19 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
         save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
                         cfg.model_dump_json(indent=2), task.state_dict())
 
-    with progress() as bar:
+    def checkpoint_after(step: int) -> bool:
+        every = cfg.train.checkpoint_every
+        return step + 1 == a.steps or bool(every and (step + 1) % every == 0)
+
+    with progress() as bar, contextlib.closing(collector):
         job = bar.add_task(a.name.upper(), total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
             t0 = time.perf_counter()
-            # 1. roll out G completions for each of B prompts, 2. score them (the collect step)
-            batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
+            # 1. roll out G completions for each of B prompts, 2. score them (the collect step); an asynchronous
+            # collector starts the next batch now, except before a checkpoint (a resume then continues this run)
+            batch = collector.collect(prompt_rng, sample_rng, prefetch=not checkpoint_after(step))
+            behaviour = batch.logprobs  # None: on-policy; else the stale batch's sampling log-probs (N, T)
+            batch.metrics.update(stale_metrics(batch.policy_versions, step, cfg.scale.max_staleness))
             # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
             tensors, mask = batch.tensors, batch.completion_mask.float()
@@ -128,8 +160,14 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         mb = [t[sub] for t in tensors]
                         logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
                         old = old_lp[sub] if old_lp is not None else logprobs.detach()
-                        pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
-                                                       a.clip_high)
+                        if behaviour is None:
+                            pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
+                                                           a.clip_high)
+                        else:  # clip around the policy before this update, weight by its gap to the sampler
+                            pg, pg_stats = decoupled_pg_loss(logprobs, old, behaviour[sub], advantages[sub],
+                                                             mask[sub], a.clip_low, a.clip_high,
+                                                             cfg.scale.importance_cap)
+                            stats.setdefault("is_weight/mean", []).append(pg_stats["is_weight/mean"].item())
                         per_token = pg
                         kl = torch.zeros_like(pg)
                         if ref_lp is not None:
@@ -154,6 +192,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                     stats["entropy/mean"].append(((entropy * mb_mask).sum() / n_tok).item())
                     stats["clip_frac"].append((sum(parts["clipped"]) / n_tok).item())
                     stats["grad_norm"].append(float(grad_norm))
+            collector.update(model, step + 1)  # the workers sample the next batches with these weights
             # 5. log
             dt = time.perf_counter() - t0
             metrics = {"phase": "rl", **batch.metrics, **{k: sum(v) / len(v) for k, v in stats.items()},
