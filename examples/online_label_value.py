@@ -26,22 +26,22 @@ import random
 import torch
 
 from feedbackrl.algos.pair_selection import _pair_index
+from feedbackrl.config import load_config
 from feedbackrl.data.labeller import Labeller, gold_score_for, sample_candidates
 from feedbackrl.envs.registry import make_task
-from feedbackrl.feedback.online import (
+from feedbackrl.feedback.client import answer_rows
+from feedbackrl.train.online_labels import (
     Fitted,
-    answer_rows,
     bootstrap_members,
     candidate_covariance,
     candidate_scores,
     choose_pairs,
     fit_reward_model,
     heldout_pairs,
-    load_online_config,
     with_gold,
 )
-from feedbackrl.train.pipeline import load_or_build
 from feedbackrl.train.preference import heldout_metrics
+from feedbackrl.train.run import load_or_build
 
 ORACLE = {
     "nontie": lambda x: x["gap"] != 0,
@@ -62,7 +62,7 @@ def main() -> None:
                     default=["random", "runner_up", "active", "contrast", "bald", "committee", *ORACLE])
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
-    cfg = load_online_config(args.recipe, [*args.overrides, f"train.seed={args.seed}"])
+    cfg = load_config(args.recipe, [*args.overrides, f"train.seed={args.seed}"])
     torch.set_num_threads(cfg.train.threads)
     task = make_task(cfg.task)
     policy, tok = load_or_build(cfg, "runs/online_label_value")  # type: ignore[arg-type]

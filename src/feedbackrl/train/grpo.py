@@ -28,6 +28,7 @@ from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.context import Run
 from feedbackrl.train.optim import adamw
 
 REFERENCE_DIR = "reference"
@@ -168,3 +169,10 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     if start < a.steps or resume_from is None:
         checkpoint(a.steps)
     return metrics
+
+
+def run_grpo(run: Run) -> dict[str, Any]:
+    """GRPO or RLOO as the run path calls it: the recipe's reward, resume and periodic eval included."""
+    final = train_grpo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink,
+                       resume_from=run.resume_from, on_eval=run.on_eval, scorer=run.scorer)
+    return {"steps": run.cfg.algo.steps, "final": final}

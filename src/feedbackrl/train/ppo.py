@@ -3,7 +3,7 @@ prompts, roll out, score, fold the per-token KL penalty into the rewards, GAE, w
 each epoch and minibatch the clipped policy and value losses, step and log.
 
 All maths lives in `feedbackrl.algos.ppo`; this file only wires it. The score comes from the
-task's verifier or from a `Scorer` (a learned reward model, see `train/rlhf.py`).
+task's verifier or from a `Scorer` (the recipe's reward, see `train/run.py`).
 
 Departures from InstructGPT: the value head sits on the policy's own last hidden state (one
 network, loss = policy + vf_coef * value, as in Ziegler et al.'s shared-trunk variant and TRL's
@@ -31,6 +31,7 @@ from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.logprobs import positions, sequence_logprobs
 from feedbackrl.train.checkpoint import save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.context import Run
 from feedbackrl.train.optim import adamw
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -127,3 +128,9 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                            cfg.model_dump_json(indent=2))
     torch.save(value_head.state_dict(), ckpt / VALUE_HEAD_FILE)
     return metrics
+
+
+def run_ppo(run: Run) -> dict[str, Any]:
+    """PPO as the run path calls it, against the recipe's reward."""
+    final = train_ppo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink, run.scorer)
+    return {"steps": run.cfg.algo.steps, "final": final}
