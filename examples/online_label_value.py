@@ -27,7 +27,7 @@ import torch
 
 from feedbackrl.algos.pair_selection import _pair_index
 from feedbackrl.config import load_config
-from feedbackrl.data.labeller import Labeller, gold_score_for, sample_candidates
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for, sample_candidates
 from feedbackrl.envs.registry import make_task
 from feedbackrl.feedback.client import answer_rows
 from feedbackrl.train.online_labels import (
@@ -73,7 +73,7 @@ def main() -> None:
     problems = [task.sample(rng) for _ in range(2 * args.base + cfg.online.pool * args.add)]
     cands = sample_candidates(policy, tok, problems, k, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
     by_prompt = {p.prompt: p for p in problems}
-    labeller = Labeller(gold, cfg.online.temperature, seed=seed + 1, tie_margin=cfg.online.tie_margin)
+    labeller = SimulatedLabeller(gold, cfg.online.temperature, seed=seed + 1, tie_margin=cfg.online.tie_margin)
 
     def label(p, a: str, b: str) -> list[dict]:
         return answer_rows(p.prompt, a, b, labeller.judge(p, a, b), cfg.online.train_on_ties)

@@ -23,7 +23,7 @@ import time
 import torch
 
 from feedbackrl.config import load_config
-from feedbackrl.data.labeller import Labeller, gold_score_for, sample_candidates
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for, sample_candidates
 from feedbackrl.envs.registry import make_task
 from feedbackrl.train.online_labels import fit_reward_model, heldout_pairs, with_gold
 from feedbackrl.train.preference import heldout_metrics
@@ -48,7 +48,7 @@ def main() -> None:
     problems = [task.sample(rng) for _ in range(int(1.3 * args.labels))]  # ~85% have a pair
     cands = sample_candidates(policy, tok, problems, cfg.online.candidates, cfg.rollout.max_new_tokens,
                               cfg.rollout.temperature, gen)
-    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=1)
+    labeller = SimulatedLabeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=1)
     rows = []
     for p, c in zip(problems, cands, strict=True):
         if len(c) >= 2 and len(rows) < args.labels:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from feedbackrl.config import load_config
-from feedbackrl.data.labeller import Labeller, gold_score_for
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for
 from feedbackrl.envs.registry import make_task
 from feedbackrl.feedback.client import answer_rows
 from feedbackrl.rewards.verdict import Problem
@@ -53,7 +53,8 @@ def main() -> None:
     retrain, current = make_retrainer(cfg, policy, tok, task, heldout, problems)
     propose = make_proposer(cfg, policy, tok, task, current)
     gold = gold_score_for(task, cfg.online.gold)
-    labeller = Labeller(gold, cfg.online.temperature, seed=cfg.train.seed + 3, tie_margin=cfg.online.tie_margin)
+    labeller = SimulatedLabeller(gold, cfg.online.temperature, seed=cfg.train.seed + 3,
+                                 tie_margin=cfg.online.tie_margin)
     pairs: list[dict] = []
     t0, r, labels = time.perf_counter(), 0, 0
     with (args.out / "rounds.jsonl").open("w") as log:

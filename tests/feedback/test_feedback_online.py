@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from feedbackrl.algos.pair_selection import contrast_pairs
 from feedbackrl.config import load_config
-from feedbackrl.data.labeller import Labeller
+from feedbackrl.data.labeller import SimulatedLabeller
 from feedbackrl.feedback.app import create_app
 from feedbackrl.feedback.client import AdminApi, HttpLabeller
 from feedbackrl.feedback.server import LiveServer
@@ -111,7 +111,7 @@ def reverse_gold(problem: Problem, completion: str) -> float:
     return float(completion == problem.answer)
 
 
-def run_loop(sessions, tmp_path, labeller: Labeller, propose, retrain, labels: int, every: int,
+def run_loop(sessions, tmp_path, labeller: SimulatedLabeller, propose, retrain, labels: int, every: int,
              ties: bool = False) -> tuple[list[dict], int]:
     """The real online loop against a live app, with the simulated labeller over HTTP; metrics go to
     tmp_path/metrics.jsonl. -> (every pair fetched, how many labels the labeller submitted)."""
@@ -149,7 +149,7 @@ def test_loop_retrains_every_n_labels_and_counts_each_label_once(sessions, tmp_p
         seen.append([p["label_id"] for p in pairs])
         return {"rm/heldout_accuracy": 0.5}
 
-    pairs, submitted = run_loop(sessions, tmp_path, Labeller(reverse_gold, 0.0), propose, retrain, 25, 10)
+    pairs, submitted = run_loop(sessions, tmp_path, SimulatedLabeller(reverse_gold, 0.0), propose, retrain, 25, 10)
     assert [len(x) for x in seen] == [0, 10, 20, 25]
     assert all(seen[i] == seen[i + 1][: len(seen[i])] for i in range(3))  # each round only adds
     with sessions() as s:
@@ -177,7 +177,7 @@ def test_loop_counts_tie_answers_as_labels_and_fetches_them_as_tie_rows(sessions
         seen.append(list(pairs))
         return {"rm/heldout_accuracy": 0.5}
 
-    labeller = Labeller(reverse_gold, 0.0, tie_margin=0.0)
+    labeller = SimulatedLabeller(reverse_gold, 0.0, tie_margin=0.0)
     pairs, submitted = run_loop(sessions, tmp_path, labeller, propose, retrain, 8, 4, ties=True)
     assert submitted == 8 and len(pairs) == 8 and [len(x) for x in seen] == [0, 4, 8]
     ties = [p for p in pairs if p.get("tie")]
@@ -195,7 +195,7 @@ def test_labeller_errors_stop_the_loop_instead_of_hanging(sessions, tmp_path):
     with LiveServer(create_app(sessions=sessions)) as server:
         api = AdminApi(server.url, admin)
         api.setup("online", "sim")
-        worker = HttpLabeller(server.url, "wrong-token", api.project, Labeller(reverse_gold, 0.0), {})
+        worker = HttpLabeller(server.url, "wrong-token", api.project, SimulatedLabeller(reverse_gold, 0.0), {})
         worker.start()
         worker.join(timeout=10)
         assert isinstance(worker.error, httpx.HTTPStatusError) and worker.error.response.status_code == 401

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from feedbackrl.config import DPOConfig, RewardModelConfig, build_config
-from feedbackrl.data.labeller import Labeller, label_rows, reverse_gold, reverse_harm
+from feedbackrl.data.labeller import SimulatedLabeller, label_rows, reverse_gold, reverse_harm
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
-from feedbackrl.models.reward import build_reward_model, save_reward_model
+from feedbackrl.models.reward import build_reward_model
 from feedbackrl.rewards.learned import LearnedReward
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.train import preference
@@ -115,7 +115,7 @@ def cost_pairs(n: int, seed: int = 0, heldout: bool = False) -> list[PreferenceP
     reverse task's harm rule) against the same length without one, in random order."""
     task, rng = ReverseTask(), random.Random(seed)
     problems = task.heldout(n) if heldout else [task.sample(rng) for _ in range(n)]
-    labeller = Labeller(reverse_harm, temperature=0.0, seed=seed, kind="cost")
+    labeller = SimulatedLabeller(reverse_harm, temperature=0.0, seed=seed, kind="cost")
     cands = []
     for p in problems:
         safe = "".join(rng.choice("bcdefghij") for _ in range(len(p.answer)))
@@ -157,15 +157,6 @@ def test_logprobs_and_values_match_sequence_logprobs(peaked_lm, tokenizer):
     torch.testing.assert_close(got, want)
     assert values.abs().sum() == 0  # zero-initialised head
     assert (entropy[c_mask == 0] == 0).all() and (entropy[c_mask == 1] > 0).all()
-
-
-@pytest.fixture(scope="module")
-def reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    rm = build_reward_model(load_policy(str(tiny_model_dir)))
-    with torch.no_grad():  # the per-token head starts at 0 (every response scores the same): give it weights
-        rm.head.weight.normal_(0, 0.02)
-    return save_reward_model(rm, load_tokenizer(str(tiny_model_dir)), tmp_path_factory.mktemp("rm") / "rm")
 
 
 def online_config(name: str, reward_model_dir: Path):

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from feedbackrl.data.labeller import Labeller
+from feedbackrl.data.labeller import SimulatedLabeller
 from feedbackrl.rewards.verdict import Problem
 
 Pairs = list[dict[str, Any]]
@@ -67,7 +67,8 @@ class HttpLabeller(threading.Thread):
     `problems` maps a prompt to its problem (the labeller knows the gold answer; the loop adds an
     entry before posting an item)."""
 
-    def __init__(self, url: str, token: str, project: int, labeller: Labeller, problems: dict[str, Problem]) -> None:
+    def __init__(self, url: str, token: str, project: int, labeller: SimulatedLabeller,
+                 problems: dict[str, Problem]) -> None:
         super().__init__(daemon=True)
         self.url, self.token, self.project = url, token, project
         self.labeller, self.problems = labeller, problems

@@ -62,7 +62,7 @@ from feedbackrl.algos.pair_selection import (
     uncertain_pairs,
 )
 from feedbackrl.config import ConfigError, RunConfig
-from feedbackrl.data.labeller import Labeller, gold_score_for, label_ceiling, label_rows, sample_candidates
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for, label_ceiling, label_rows, sample_candidates
 from feedbackrl.data.preferences import PreferencePair, load_preference_pairs
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, read_jsonl
@@ -261,7 +261,7 @@ def heldout_pairs(cfg: RunConfig, policy: PreTrainedModel, tokenizer: PreTrained
     problems = task.heldout(cfg.online.heldout_prompts)
     gen = torch.Generator().manual_seed(HELDOUT_SEED)
     cands = sample_candidates(policy, tokenizer, problems, 2, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
-    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=HELDOUT_SEED,
+    labeller = SimulatedLabeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=HELDOUT_SEED,
                         tie_margin=cfg.online.tie_margin)
     rows = [r for r in label_rows(labeller, problems, cands, 2)
             if not labeller.ties(r["gold_chosen"], r["gold_rejected"])]
@@ -383,7 +383,7 @@ def run_online_labels(run: Run) -> dict[str, Any]:
     problems: dict[str, Problem] = {}
     retrain, current = make_retrainer(cfg, policy, tokenizer, task, heldout, problems)
     propose = make_proposer(cfg, policy, tokenizer, task, current)
-    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=cfg.train.seed + 3,
+    labeller = SimulatedLabeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=cfg.train.seed + 3,
                         tie_margin=cfg.online.tie_margin)
     with LiveServer(create_app(sessions=sessions)) as server:
         api = AdminApi(server.url, admin)

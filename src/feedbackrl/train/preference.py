@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.algos.preference import PREFERENCE_LOSSES, RANKING_LOSSES
 from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy, safety_cost_loss
 from feedbackrl.config import ConfigError, DPOConfig, RewardModelConfig
-from feedbackrl.data.labeller import Labeller, gold_cost_for, gold_score_for
+from feedbackrl.data.labeller import SimulatedLabeller, gold_cost_for, gold_score_for
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
@@ -252,15 +252,15 @@ def train_dpo(cfg: DPOConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
 # --- the algorithms as the run path calls them ----------------------------------------------------
 
 
-def simulated_labeller(run: Run) -> Labeller:
+def simulated_labeller(run: Run) -> SimulatedLabeller:
     """The labeller that writes preference data when no file or database is given (hidden gold, BT noise)."""
     cfg, task = run.cfg, run.task
     if cfg.algo.name == "reward_model" and cfg.algo.kind == "cost" and not (cfg.prefs.path or cfg.prefs.db):
         try:  # the safety labeller: a hidden gold cost, and safe/unsafe labels
-            return Labeller(gold_cost_for(task), cfg.prefs.temperature, seed=cfg.train.seed + 3, kind="cost")
+            return SimulatedLabeller(gold_cost_for(task), cfg.prefs.temperature, seed=cfg.train.seed + 3, kind="cost")
         except ValueError as e:
             raise ConfigError(f"algo.kind = 'cost': {e}") from None
-    return Labeller(gold_score_for(task), cfg.prefs.temperature, seed=cfg.train.seed + 3)
+    return SimulatedLabeller(gold_score_for(task), cfg.prefs.temperature, seed=cfg.train.seed + 3)
 
 
 def run_reward_model(run: Run) -> dict[str, Any]:

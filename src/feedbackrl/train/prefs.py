@@ -21,7 +21,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import ConfigError, RunConfig
-from feedbackrl.data.labeller import GoldScore, Labeller, label_ceiling, label_rows, sample_candidates, write_jsonl
+from feedbackrl.data.labeller import (
+    GoldScore,
+    SimulatedLabeller,
+    label_ceiling,
+    label_rows,
+    sample_candidates,
+    write_jsonl,
+)
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
 from feedbackrl.envs.base import Task
 from feedbackrl.rewards.learned import LearnedReward
@@ -33,7 +40,8 @@ WIN_RATE_SAMPLES = 4  # sampled completions per held-out prompt and model in the
 
 
 def preference_data(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
-                    labeller: Labeller, out_dir: Path, heldout: bool) -> tuple[list[Any], list[Any], dict[str, Any]]:
+                    labeller: SimulatedLabeller, out_dir: Path,
+                    heldout: bool) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """(train items, held-out items, info): pairs or rankings, labelled here or read from `prefs.path`.
 
     Generated data is written to OUT/prefs/ and read back with the ordinary loaders, so a run sees
