@@ -12,8 +12,9 @@ under train/ (pure losses in algos/), its config class in config.py, and one lin
 `OUT/` after a run: `config.json` (the resolved config), `metrics.jsonl` (one line per step),
 `eval_before.json`, `report.json`, `curves.png`; `base_model/` when the model was built locally;
 `sft_policy/` after an SFT warm start (reusable as `model.path`); and what the algorithm writes:
-`checkpoints/step_N/` and `reference/` (grpo, rloo, ppo), `prefs/*.jsonl` (generated preference
-data), `reward_model/` (reward_model), `policy/` (dpo), `labels.db` (online_reward_model).
+`checkpoints/step_N/` and `reference/` (grpo, rloo, ppo; PPO's also hold its value head),
+`prefs/*.jsonl` (generated preference data), `reward_model/` (reward_model), `policy/` (dpo),
+`labels.db` (online_reward_model).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Entry:
 ALGORITHMS: dict[str, Entry] = {
     "grpo": Entry(run_grpo, resumable=True, off_cpu=True),
     "rloo": Entry(run_grpo, resumable=True, off_cpu=True),
-    "ppo": Entry(run_ppo),
+    "ppo": Entry(run_ppo, resumable=True),
     "dpo": Entry(run_dpo),
     "reward_model": Entry(run_reward_model, trains_policy=False),
     "online_reward_model": Entry(run_online_labels, trains_policy=False),
