@@ -48,7 +48,7 @@ def test_rloo_is_the_grpo_loop_without_std_scaling_by_default():
     pytest.param({"algo": {"name": "dpo", "loss": "kto"}}, "algo.loss: Input should be 'dpo', 'ipo' or 'pro'",
                  id="literal"),
     pytest.param({"algo": {"name": "sac"}}, "algo.name: unknown algorithm 'sac'; choose one of ('grpo', 'rloo', "
-                 "'ppo', 'dpo', 'reward_model', 'online_reward_model')", id="unknown-name"),
+                 "'ppo', 'dpo', 'reward_model', 'online_reward_model', 'sft')", id="unknown-name"),
     pytest.param({"reward": {"modle": "x"}}, "reward.modle: unknown key", id="reward-typo"),
     pytest.param({"prefs": {"temperature": -1}}, "prefs.temperature: Input should be greater than or equal to 0",
                  id="prefs-range"),
@@ -108,6 +108,7 @@ def test_every_algorithm_in_the_config_has_one_registry_entry():
     ({"algo": {"name": "dpo"}}, "dpo"),
     ({"algo": {"name": "reward_model"}}, "reward_model"),
     ({"algo": {"name": "online_reward_model"}}, "online_reward_model"),
+    ({"algo": {"name": "sft"}, "sft": {"steps": 1}}, "sft"),
 ])
 def test_the_run_path_dispatches_on_the_algorithm(monkeypatch, tmp_path, data, name):
     """One path for every algorithm: the registry entry named by algo.name is what runs."""
@@ -124,7 +125,7 @@ def test_the_run_path_dispatches_on_the_algorithm(monkeypatch, tmp_path, data, n
     for key, entry in run_path.ALGORITHMS.items():
         monkeypatch.setitem(run_path.ALGORITHMS, key, replace(entry, train=called))
     monkeypatch.setattr(run_path, "training_reward", lambda cfg, task: task.verify_batch)  # no reward model on disk
-    cfg = build_config({**data, "task": {"name": "reverse", "heldout_size": 2}, "train": {"threads": 1}})
+    cfg = build_config({"task": {"name": "reverse", "heldout_size": 2}, "train": {"threads": 1}, **data})
     with pytest.raises(Stop) as e:
         run_path.run(cfg, tmp_path)
     assert str(e.value) == name

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -123,11 +123,17 @@ class OnlineRewardModelConfig(RewardModelConfig):
     name: Literal["online_reward_model"] = Field("online_reward_model", description="algorithm")
 
 
+class SFTOnlyConfig(Section):
+    """Supervised fine-tuning as the algorithm itself (the [sft] section's settings), evaluated before and after."""
+
+    name: Literal["sft"] = Field("sft", description="algorithm")
+
+
 # One config class per algorithm, told apart by `name`; the run path looks the name up in
-# `feedbackrl.train.run.ALGORITHMS`.
-AlgoConfig = Annotated[GRPOConfig | RLOOConfig | PPOConfig | DPOConfig | RewardModelConfig | OnlineRewardModelConfig,
-                       Field(discriminator="name")]
-ALGO_NAMES = ("grpo", "rloo", "ppo", "dpo", "reward_model", "online_reward_model")
+# `feedbackrl.train.run.ALGORITHMS`. A new algorithm adds its class here.
+ALGO_CONFIGS = (GRPOConfig, RLOOConfig, PPOConfig, DPOConfig, RewardModelConfig, OnlineRewardModelConfig, SFTOnlyConfig)
+AlgoConfig = Annotated[Union[ALGO_CONFIGS], Field(discriminator="name")]  # noqa: UP007 (a union built from a tuple)
+ALGO_NAMES = tuple(c.model_fields["name"].default for c in ALGO_CONFIGS)
 ONLINE_ALGOS = ("grpo", "rloo", "ppo")
 
 
@@ -237,6 +243,8 @@ class RunConfig(Section):
             raise ValueError(f"prefs.db gives pairs: prefs.responses must be 2, got {p.responses}")
         if a.name == "reward_model" and self.prefs.responses != 2:
             raise ValueError(f"the reward model trains on pairs: prefs.responses must be 2, got {self.prefs.responses}")
+        if a.name == "sft" and not self.sft.steps:
+            raise ValueError("algo.name = 'sft' trains sft.steps steps on the task's demonstrations: set sft.steps > 0")
         if a.name == "online_reward_model" and a.kind != "reward":
             raise ValueError("algo.kind must be 'reward' for online_reward_model: the loop learns what the labeller "
                              "prefers")

@@ -47,7 +47,7 @@ from feedbackrl.train.ppo import run_ppo
 from feedbackrl.train.preference import run_dpo, run_reward_model
 from feedbackrl.train.prefs import gold_comparison, gold_scorer, training_reward
 from feedbackrl.train.report import print_report, write_plot
-from feedbackrl.train.sft import sft_warmstart
+from feedbackrl.train.sft import run_sft, sft_warmstart
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ ALGORITHMS: dict[str, Entry] = {
     "dpo": Entry(run_dpo),
     "reward_model": Entry(run_reward_model, trains_policy=False),
     "online_reward_model": Entry(run_online_labels, trains_policy=False),
+    "sft": Entry(run_sft, off_cpu=True),
 }
 
 
@@ -147,7 +148,7 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
         return load_policy(str(ckpt)).to(device), load_tokenizer(str(ckpt)), before
     model, tokenizer = load_or_build(cfg, out_dir)
     model.to(device)
-    if cfg.sft.steps:
+    if cfg.sft.steps and cfg.algo.name != "sft":  # a warm start; with algo.name = "sft" it is the algorithm
         sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
         model.save_pretrained(out_dir / "sft_policy")
         tokenizer.save_pretrained(out_dir / "sft_policy")
