@@ -138,7 +138,19 @@ ONLINE_ALGOS = ("grpo", "rloo", "ppo")
 
 
 class RewardConfig(Section):
-    model: str = Field("", description='"" = the task\'s verifier; else a reward model dir (from a reward_model run)')
+    """The reward of online RL: the task's verifier unless `source` names a reward source (or a composition
+    of them, docs/rewards.md) whose options sit beside it; `model = DIR` is short for a learned reward."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)  # a source's options; checked below
+    model: str = Field("", description='a reward model dir (from a reward_model run); short for source="learned"')
+    source: str = Field("", description='reward source name, see docs/rewards.md; "" = the task\'s verifier')
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> RewardConfig:
+        from feedbackrl.rewards.registry import check_reward  # here: rewards builds on this module
+
+        check_reward(self)
+        return self
 
 
 class PrefsConfig(Section):
@@ -269,7 +281,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             lines.append(f"  {loc}.name: unknown algorithm {e['input'].get('name')!r}; choose one of {ALGO_NAMES}")
         elif e["type"] == "union_tag_not_found":
             lines.append(f"  {loc}.name: missing; choose one of {ALGO_NAMES}")
-        elif not e["loc"]:  # a cross-field check: its message names the fields; the input is the whole recipe
+        elif not e["loc"] or (e["type"] == "value_error" and e["msg"].startswith(f"Value error, {loc}")):
+            # a cross-field or section check: its message names the fields; the input is the whole section
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         elif e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key (value {e['input']!r}); check the spelling, "
