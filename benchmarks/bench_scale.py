@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,8 @@ from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.sft import sft_warmstart
 
 ROOT = Path(__file__).resolve().parents[1]
+# per-step costs: the learner's wait for rollouts, scoring, the whole step, the weights' put into the object store
+PERF = ("perf/gen_s", "perf/score_s", "perf/step_s", "perf/weights_put_s")
 MODES: dict[str, tuple[dict[str, Any], int]] = {  # name -> ([scale] section, learner threads)
     "one process": ({}, 2),
     "sync, 2 rollout workers": ({"rollout_workers": 2}, 2),
@@ -67,10 +70,12 @@ def demo(steps: int) -> list[dict[str, Any]]:
         train_grpo(cfg, model, tok, make_task(cfg.task), work / name.replace(" ", "_"), sink)
         wall = time.perf_counter() - t0
         torch.set_num_threads(2)
-        last = sink.by_step[steps]
+        last, by_step = sink.by_step[steps], list(sink.by_step.values())
+        medians = {k: statistics.median(r[k] for r in by_step) for k in PERF if k in last}
         rows.append({"mode": name, "accuracy": held_out(model, tok, cfg), "rl_s": wall,
                      "samples_per_s": steps * 128 / wall, "reward_last": last["reward/mean"],
-                     "staleness_mean": last.get("scale/staleness_mean"), "load_1min": [load0, load_average()[0]]})
+                     "staleness_mean": last.get("scale/staleness_mean"), "median": medians,
+                     "load_1min": [load0, load_average()[0]]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -146,14 +146,15 @@ class RayCollector:
         # kept: Ray restarts a dead worker from its constructor's arguments, which must stay in the object store
         self.init_refs = (ray.put(model), ray.put(tokenizer))
         self.workers = [actor.remote(*self.init_refs, threads) for _ in range(scale.rollout_workers)]
-        self.version, self.weights_ref, self.restarts = 0, None, 0
+        self.version, self.weights_ref, self.restarts, self.put_s = 0, None, 0, 0.0
         self.pending: deque[Pending] = deque()
 
     def update(self, model: PreTrainedModel, version: int) -> None:
         """Put the learner's weights in the object store once; every worker loads them before its next share."""
         ray = _ray()
+        t0 = time.perf_counter()
         self.weights_ref = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        self.version = version
+        self.put_s, self.version = time.perf_counter() - t0, version
         for w in self.workers:
             w.set_weights.remote(self.weights_ref, version)
 
@@ -221,7 +222,7 @@ class RayCollector:
         batch.policy_versions = versions
         if self.scale.max_staleness > 0:
             batch.logprobs = ro.logprobs
-        batch.metrics["scale/worker_restarts"] = float(self.restarts)
+        batch.metrics.update({"scale/worker_restarts": float(self.restarts), "perf/weights_put_s": self.put_s})
         return batch
 
     def close(self) -> None:
