@@ -46,3 +46,13 @@ def test_worker_env_sets_the_budget_and_passive_waiting():
     env = worker_env(3)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_scale_config_checks():
+    from feedbackrl.config import ConfigError, build_config
+
+    assert not build_config({}).scale.uses_ray  # the default is one process
+    with pytest.raises(ConfigError, match="scale.max_staleness=1 needs scale.rollout_workers >= 1"):
+        build_config({"scale": {"max_staleness": 1}})
+    with pytest.raises(ConfigError, match="work with algo.name grpo and rloo so far, not 'ppo'"):
+        build_config({"algo": {"name": "ppo"}, "scale": {"rollout_workers": 2}})
