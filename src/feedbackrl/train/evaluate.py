@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.rollout.generate import generate
 
@@ -21,10 +22,11 @@ class EvalResult:
     n: int
     mean_len: float
     samples: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)  # episodic tasks: `episode_stats` of the greedy episodes
 
     def to_dict(self) -> dict[str, Any]:
         return {"accuracy": self.accuracy, f"pass@{self.k}": self.pass_at_k, "k": self.k, "n": self.n,
-                "mean_len": self.mean_len, "samples": self.samples}
+                "mean_len": self.mean_len, "samples": self.samples, **self.metrics}
 
 
 def _batches(items: list[Problem], size: int) -> list[list[Problem]]:
@@ -35,7 +37,11 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
              max_new_tokens: int, k: int = 4, temperature: float = 1.0, batch_size: int = 256,
              seed: int = 1234, n_samples: int = 5) -> EvalResult:
     """Greedy accuracy and pass@k. Sampling uses its own generator, so evaluating mid-run never
-    perturbs the training RNG streams (resumed runs stay exact)."""
+    perturbs the training RNG streams (resumed runs stay exact). Episodic tasks play whole episodes."""
+    if isinstance(task, EpisodicTask):
+        from feedbackrl.train.episodes import evaluate_episodes  # it returns an EvalResult: imported here
+
+        return evaluate_episodes(model, tokenizer, task, problems, k, temperature, batch_size, seed, n_samples)
     gen = torch.Generator().manual_seed(seed)
     correct, any_correct, lengths, samples = 0, 0, 0, []
     for batch in _batches(problems, max(1, batch_size // max(k, 1))):

@@ -28,6 +28,7 @@ from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.episodes import write_transcripts
 from feedbackrl.train.optim import adamw
 
 REFERENCE_DIR = "reference"
@@ -106,6 +107,10 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
             # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            if batch.turn_advantages is not None:  # episodes with per-turn credit: (N,) -> (N, T)
+                advantages = advantages[:, None] + batch.turn_advantages
+            if batch.episodes is not None:
+                write_transcripts(out_dir / "episodes.jsonl", step + 1, batch.episodes)
             tensors, mask = batch.tensors, batch.completion_mask.float()
             with torch.no_grad():
                 # old log-probs only matter when the policy moves within a batch; with one update the
