@@ -18,8 +18,7 @@ import ast
 import operator
 import re
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 Tool = Callable[[str], str]  # argument text -> result text; raises on bad input
@@ -63,11 +62,11 @@ class Toolbox:
             return ToolResult(f"error: unknown tool {call.name}; tools: {', '.join(sorted(self.tools)) or 'none'}",
                               False)
         future = self.pool.submit(tool, call.arguments)
-        try:
-            return ToolResult(str(future.result(timeout=self.timeout_s)), True)
-        except FutureTimeout:
+        if not wait([future], timeout=self.timeout_s).done:
             future.cancel()
             return ToolResult(f"error: {call.name} timed out after {self.timeout_s:g}s", False)
+        try:
+            return ToolResult(str(future.result()), True)
         except Exception as e:  # noqa: BLE001 - any tool failure is an observation, not a crash
             return ToolResult(f"error: {call.name} failed: {type(e).__name__}: {str(e)[:80]}", False)
 
