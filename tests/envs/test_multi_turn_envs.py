@@ -110,6 +110,7 @@ def test_guess_game_feedback_and_per_turn_rewards() -> None:
 
 def test_guess_demonstrations_replay_and_binary_search_is_short() -> None:
     rng = random.Random(1)
+    slow = 0
     for noise, worst in ((0.0, 5), (1.0, 6)):
         task = GuessNumberTask(hi=31, demo_noise=noise, max_turns=6)
         for secret in range(1, 32):
@@ -125,6 +126,9 @@ def test_guess_demonstrations_replay_and_binary_search_is_short() -> None:
             assert n <= worst
             if noise == 0.0:
                 assert r.done and r.verdict.passed  # binary search always wins within 5 moves
+            else:
+                slow += not r.done  # the cautious player runs out of turns on some numbers
+    assert slow == 7, slow  # quarter-point search on 1..31 needs more than 6 moves for 7 secrets
 
 
 def test_heldout_secrets_never_train() -> None:

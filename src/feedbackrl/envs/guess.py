@@ -7,9 +7,9 @@ range gets ``invalid`` and costs the turn. The verdict is 1 for finding the numb
 it sooner, and each move's per-turn reward is -1 for a move that contradicts earlier feedback
 (guessing 20 after "lower" at 12), 0 otherwise, for turn-level credit.
 
-Binary search finds any of 1..31 in at most 5 guesses. `demonstrate` is a sloppy player: with
-probability `demo_noise` per move it guesses uniformly among the numbers still possible (consistent
-but slow), otherwise the midpoint. Held-out problems are hidden numbers never drawn for training
+Binary search finds any of 1..31 in at most 5 guesses. `demonstrate` is a cautious player: with
+probability `demo_noise` per move it guesses a quarter of the way into the numbers still possible
+(consistent with the feedback, but slow: up to 9 moves on 1..31), otherwise the midpoint. Held-out problems are hidden numbers never drawn for training
 (every fifth number, 5, 10, ...).
 """
 
@@ -103,7 +103,7 @@ class GuessNumberTask(EpisodicTask):
         secret, lo, hi = problem.meta["secret"], 1, self.hi
         turns, obs = [], []
         while True:
-            g = rng.randint(lo, hi) if rng.random() < self.demo_noise else (lo + hi) // 2
+            g = lo + (hi - lo) // 4 if rng.random() < self.demo_noise else (lo + hi) // 2
             turns.append(str(g))
             if g == secret or len(turns) == self.max_turns:
                 return demo_transcript(turns, obs, EOS)
