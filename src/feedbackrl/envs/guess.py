@@ -9,8 +9,8 @@ it sooner, and each move's per-turn reward is -1 for a move that contradicts ear
 
 Binary search finds any of 1..31 in at most 5 guesses. `demonstrate` is a cautious player: with
 probability `demo_noise` per move it guesses a quarter of the way into the numbers still possible
-(consistent with the feedback, but slow: up to 9 moves on 1..31), otherwise the midpoint. Held-out problems are hidden numbers never drawn for training
-(every fifth number, 5, 10, ...).
+(consistent with the feedback, but slow: up to 9 moves on 1..31), otherwise the midpoint.
+Held-out problems are hidden numbers never drawn for training (every fifth number, 5, 10, ...).
 """
 
 from __future__ import annotations
