@@ -11,9 +11,10 @@ The verdict is the final answer's exactness; the calculator's output is never ju
 `tools = false` (the no-tool arm of the comparison) the same prompts must be answered directly: a
 tool call gets ``=error: unknown tool calc; tools: none`` and counts as a wasted turn.
 
-`demonstrate` is a sloppy teacher: with probability `demo_noise` it skips the tool and guesses
-the sum digit by digit without carries (a consistent, learnable wrong habit), otherwise it calls
-the tool and copies the result. Operands have `min_digits`..`max_digits` digits; held-out
+`demonstrate` is a sloppy teacher: with probability `demo_noise` it skips the tool and guesses,
+writing the first operand as its estimate of the sum (a consistent habit the tiny model learns
+easily, so after SFT greedy decoding mostly guesses), otherwise it calls the tool and copies the
+result. Operands have `min_digits`..`max_digits` digits; held-out
 problems are a fixed hash-selected ~10% of pairs, never drawn for training.
 """
 
@@ -31,7 +32,6 @@ from feedbackrl.envs.multi_turn import (
     render_plain,
     sample_heldout,
 )
-from feedbackrl.envs.procedural.addition import no_carry_sum
 from feedbackrl.envs.tools import Toolbox, ToolCall, calculator, parse_tool_call
 from feedbackrl.models.tiny import EOS
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
@@ -126,7 +126,7 @@ class CalculatorAdditionTask(EpisodicTask):
     def demonstrate(self, problem: Problem, rng: random.Random) -> str:
         a, b = problem.meta["a"], problem.meta["b"]
         if rng.random() < self.demo_noise:
-            return str(no_carry_sum(a, b))  # skips the tool and guesses
+            return str(a)  # skips the tool and guesses
         if not self.tools:
             return str(a + b)
         return demo_transcript([f"calc({a}+{b})", str(a + b)], [render_plain([{"role": "tool",
