@@ -112,3 +112,28 @@ def test_a_tool_round_trip_renders_like_an_episode(tokenizer) -> None:
         {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"input": "12+30"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "42"}]
     assert render_messages(tokenizer, msgs, None) == "12+30=calc(12+30)<eos>=42\n"
+
+
+def test_token_in_token_out_generate(model, tokenizer) -> None:
+    client = TestClient(create_app(model, tokenizer))
+    prompt = tokenizer("12+30=", add_special_tokens=False)["input_ids"]
+    body = client.post("/inference/v1/generate", json={
+        "model": "policy", "token_ids": prompt,
+        "sampling_params": {"max_tokens": 12, "temperature": 1.0, "logprobs": 1, "seed": 7,
+                            "stop_token_ids": [tokenizer.eos_token_id], "skip_special_tokens": False}}).json()
+    choice = body["choices"][0]
+    ids, content = choice["token_ids"], choice["logprobs"]["content"]
+    assert body["prompt_token_ids"] == prompt and 1 <= len(ids) <= 12 and len(content) == len(ids)
+    assert [c["token"] for c in content] == [f"token_id:{i}" for i in ids]
+    assert all(math.isfinite(c["logprob"]) and c["logprob"] <= 0 for c in content)
+    assert choice["finish_reason"] == ("stop" if ids[-1] == tokenizer.eos_token_id else "length")
+    p_ids = torch.tensor([prompt])
+    ref, _ = sequence_logprobs(model, p_ids, torch.ones_like(p_ids), torch.tensor([ids]), torch.ones(1, len(ids)))
+    torch.testing.assert_close(torch.tensor([[c["logprob"] for c in content]]), ref, atol=2e-4, rtol=0)
+    # an extra stop id ends the completion at its first occurrence, itself included
+    stop = ids[0]
+    again = client.post("/inference/v1/generate", json={"token_ids": prompt, "sampling_params": {
+        "max_tokens": 12, "seed": 7, "stop_token_ids": [stop]}}).json()["choices"][0]
+    assert again["token_ids"] == [stop] and again["finish_reason"] == "stop"
+    assert client.post("/inference/v1/generate", json={"token_ids": []}).status_code == 422
+    assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 512

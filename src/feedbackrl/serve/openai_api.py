@@ -5,7 +5,11 @@
 content deltas or `tool_calls` deltas, a final chunk with `finish_reason`, then `data: [DONE]`)
 and `GET /v1/models`. Sampling uses the same decode loop as training (`rollout/generate.py`);
 `logprobs: true` returns each sampled token's log-probability under the tempered distribution,
-the EOS token included (one finite value per completion token).
+the EOS token included (one finite value per completion token). `POST /inference/v1/generate` is
+vLLM's token-in/token-out route as the `renderers` client of `verifiers` calls it: `token_ids` and
+`sampling_params` in; `choices[0].token_ids`, `choices[0].logprobs.content` (one
+``{"token": "token_id:N", "logprob": x}`` per completion token, the stop token included) and
+`finish_reason` out.
 
 Messages are rendered with the tokenizer's chat template (`apply_chat_template(..., tools=...)`)
 when it has one, else in the minimal transcript format of `envs/multi_turn.py` (assistant turns
@@ -33,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.envs.tools import ToolCall, parse_tool_call
-from feedbackrl.rollout.generate import generate
+from feedbackrl.rollout.generate import generate, generate_ids
 
 
 class ChatRequest(BaseModel):
@@ -49,6 +53,16 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
     tools: list[dict[str, Any]] | None = None
     seed: int | None = None
+
+
+class GenerateRequest(BaseModel):
+    """vLLM's token-in/token-out request: prompt token ids and vLLM sampling parameters."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = "policy"
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
 
 
 def render_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
@@ -117,7 +131,9 @@ def create_app(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "feedbackrl"}]}
+        max_len = getattr(model.config, "max_position_embeddings", None)  # vLLM's ModelCard extension
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "feedbackrl",
+                                            "max_model_len": max_len}]}
 
     @app.post("/v1/chat/completions", response_model=None)
     def chat(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
@@ -138,7 +154,37 @@ def create_app(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [choice], "usage": usage}
 
+    @app.post("/inference/v1/generate")
+    def generate_tokens(req: GenerateRequest) -> dict[str, Any]:
+        return _generate_tokens(model, tokenizer, req, lock)
+
     return app
+
+
+def _generate_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, req: GenerateRequest,
+                     lock: threading.Lock) -> dict[str, Any]:
+    """Token ids in; completion token ids and one finite log-prob per completion token out (the stop token
+    included), each entry's token written ``token_id:N`` as vLLM does with `return_tokens_as_token_ids`."""
+    sp = req.sampling_params
+    limit = int(sp.get("max_tokens") or 64)
+    temperature, top_p = float(sp.get("temperature", 1.0)), float(sp.get("top_p", 1.0))
+    stops = set(sp.get("stop_token_ids") or []) | {tokenizer.eos_token_id}
+    seed = sp.get("seed")
+    gen = torch.Generator().manual_seed(int(seed) if seed is not None else time.time_ns() % 2**63)
+    ids = torch.tensor([req.token_ids])
+    with lock:
+        ro = generate_ids(model, tokenizer, ids, torch.ones_like(ids), limit, max(temperature, 1e-5), top_p,
+                          greedy=temperature == 0.0, generator=gen)
+    n = int(ro.completion_mask[0].sum())
+    out, lps = ro.completion_ids[0, :n].tolist(), ro.logprobs[0, :n].tolist()
+    cut = next((i + 1 for i, t in enumerate(out) if t in stops), None)  # extra stop ids end it like EOS
+    out, lps = (out[:cut], lps[:cut]) if cut else (out, lps)
+    finish = "stop" if cut else "length"
+    content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(out, lps, strict=True)]
+    return {"request_id": f"gen-{uuid.uuid4().hex[:16]}", "prompt_token_ids": req.token_ids,
+            "choices": [{"index": 0, "token_ids": out, "logprobs": {"content": content}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": len(req.token_ids), "completion_tokens": len(out),
+                      "total_tokens": len(req.token_ids) + len(out)}}
 
 
 def _chunks(tokenizer: PreTrainedTokenizerBase, cid: str, created: int, model_name: str, ids: list[int],
