@@ -131,10 +131,13 @@ def test_guess_demonstrations_replay_and_binary_search_is_short() -> None:
     assert slow == 7, slow  # quarter-point search on 1..31 needs more than 6 moves for 7 secrets
 
 
-def test_heldout_secrets_never_train() -> None:
-    task, rng = GuessNumberTask(), random.Random(0)
-    assert {int(p.answer) for p in task.heldout(12)} == {5, 10, 15, 20, 25, 30}
-    assert all(int(task.sample(rng).answer) % 5 for _ in range(500))
+def test_guess_eval_plays_every_secret_and_training_draws_them_uniformly() -> None:
+    task, rng = GuessNumberTask(hi=31), random.Random(0)
+    assert [int(p.answer) for p in task.heldout(33)] == [*range(1, 32), 1, 2]
+    counts = [0] * 32
+    for _ in range(31_000):
+        counts[int(task.sample(rng).answer)] += 1
+    assert counts[0] == 0 and min(counts[1:]) > 850 and max(counts[1:]) < 1150  # ~1000 each (sd ~31)
 
 
 def test_episode_stats_hand_made() -> None:
