@@ -99,11 +99,19 @@ class DPOConfig(Section):
     name: Literal["dpo"] = Field("dpo", description="algorithm")
     loss: Literal["dpo", "ipo", "pro"] = Field("dpo", description="pairwise dpo/ipo, or listwise pro (rankings)")
     beta: float = Field(0.1, gt=0, description="DPO's beta (IPO's tau; PRO's score scale)")
+    length_average: bool = Field(False, description=(
+        "ipo only: per-token mean response log-probs instead of sums (TRL's IPO, so a TRL beta carries over)"))
     epochs: int = Field(2, ge=1, le=100, description="passes over the preference data")
     batch_size: int = Field(64, ge=1, description="pairs (or rankings) per optimizer step")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step (must divide batch_size)")
     lr: float = Field(1e-4, gt=0, le=1, description="AdamW learning rate")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+    @model_validator(mode="after")
+    def _average_is_ipo(self) -> DPOConfig:
+        if self.length_average and self.loss != "ipo":
+            raise ValueError(f"length_average is TRL's form of loss = 'ipo'; got loss = {self.loss!r}")
+        return self
 
 
 class RewardModelConfig(Section):
