@@ -97,3 +97,18 @@ def test_resume_is_refused_for_preference_algorithms(tmp_path: Path):
     result = runner.invoke(app, ["train", str(RECIPES / "dpo.toml"), "--out", str(tmp_path / "o"), "--resume",
                                  str(tmp_path), "--set", "train.threads=1"])
     assert result.exit_code == 2 and "--resume works for grpo and rloo" in result.output
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "data file '{path}' does not exist"),
+    ("prompt,chosen,rejected\n2+2?,4,5,6\n", "{path}: row 0 has 4 fields but the header has 3"),
+], ids=["missing-file", "ragged-csv"])
+def test_bad_preference_file_is_a_clear_error_not_a_traceback(tmp_path: Path, content: str | None, message: str):
+    path = tmp_path / "x.csv"
+    if content is not None:
+        path.write_text(content)
+    result = runner.invoke(app, ["train", str(RECIPES / "dpo.toml"), "--out", str(tmp_path / "o"),
+                                 "--set", "model.path=tiny", "--set", f"prefs.path={path}", "--set", "train.threads=1"])
+    assert result.exit_code == 2, result.output
+    assert f"error: {message.format(path=path)}" in result.output
+    assert isinstance(result.exception, SystemExit)  # typer.Exit: no exception escaped

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
+from feedbackrl.data.rows import read_jsonl as read_jsonl  # re-exported: metrics.jsonl readers use it
+
 console = Console(stderr=True)
 
 
@@ -93,10 +95,6 @@ class MultiSink:
     def close(self) -> None:
         for s in self.sinks:
             s.close()
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def progress():

@@ -34,17 +34,16 @@ unsafe (cost > 0), without noise.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from feedbackrl.data.rows import write_jsonl as write_jsonl  # re-exported for callers that import it here
 from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import generate
@@ -230,10 +229,3 @@ def label_ceiling(rows: list[dict[str, Any]]) -> dict[str, float]:
     agree = [1.0 if r["gold_chosen"] > r["gold_rejected"] else 0.5 if r["gold_chosen"] == r["gold_rejected"] else 0.0
              for r in rows]
     return {"expected": expected, "realised": sum(agree) / len(rows), "pairs": float(len(rows))}
-
-
-def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
