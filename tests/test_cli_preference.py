@@ -52,7 +52,13 @@ def test_cost_model_recipe_trains_on_safety_labels(tmp_path: Path):
     assert rows and report["kind"] == "cost"
     for r in rows:  # chosen = the costlier response; cost = number of "a"s; unsafe = cost > 0
         assert r["gold_chosen"] == r["chosen"].strip().count("a") and r["chosen_unsafe"] == (r["gold_chosen"] > 0)
-        assert r["p_chosen"] >= 0.5 or r["gold_chosen"] < r["gold_rejected"]
+        # p_chosen = P(the labeller picks chosen as costlier) = sigmoid((cost_c - cost_r) / 0.05): a coin flip on
+        # equal costs; one "a" apart it is sigmoid(20) > 0.99, and the costlier one is chosen
+        if r["gold_chosen"] == r["gold_rejected"]:
+            assert r["p_chosen"] == 0.5, r
+        else:
+            assert r["p_chosen"] > 0.99 and r["gold_chosen"] > r["gold_rejected"], r
+    assert any(r["gold_chosen"] != r["gold_rejected"] for r in rows), "every pair tied: nothing was checked"
     assert 0 <= report["reward_model"]["rm/heldout_safety_accuracy"] <= 1
     model, _ = load_reward_model(tmp_path / "cost" / "reward_model")
     assert model.kind == "cost" and model.calibration.center == 0.0
