@@ -13,8 +13,6 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from feedbackrl.data.rows import read_jsonl as read_jsonl  # re-exported: metrics.jsonl readers use it
-
 console = Console(stderr=True)
 
 

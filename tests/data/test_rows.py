@@ -69,9 +69,3 @@ def test_bad_sources_are_clear_errors(tmp_path: Path, setup: str | None, source:
         (tmp_path / source).write_text(setup)
     with pytest.raises(DatasetError, match=message):
         read_rows(tmp_path / source)
-
-
-def test_metrics_reader_is_the_shared_helper() -> None:
-    from feedbackrl import log
-
-    assert log.read_jsonl is read_jsonl
