@@ -94,15 +94,70 @@ def test_fork_bomb_is_contained(verifier: CodeVerifier) -> None:
     assert os.system("true") == 0  # the host can still start processes
 
 
+MEMFD_BOMB = dedent("""\
+    import os
+    files = []
+    while True:  # one in-memory file after another, each up to the file-size limit
+        files.append(os.memfd_create('x'))
+        try:
+            while True:
+                os.write(files[-1], b'x' * 2**20)
+        except OSError as e:
+            if e.errno != 27:  # EFBIG: this file is full, start the next
+                raise
+    """)
+SHM_BOMB = dedent("""\
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    while True:  # 64 MiB segments, touched page by page: no mapping of ours counts them
+        shm = libc.shmget(0, 64 << 20, 0o1600)
+        addr = libc.shmat(shm, None, 0)
+        ctypes.memset(addr, 1, 64 << 20)
+        libc.shmdt(ctypes.c_void_p(addr))
+    """)
+
+
+@pytest.fixture(scope="module")
+def patient_verifier() -> CodeVerifier:
+    # A deadline far beyond what any bomb below needs (well under a second of CPU), so the
+    # verdict is decided by the memory limit alone, however loaded the machine is.
+    return CodeVerifier(timeout_s=60.0, memory_mb=256, max_output_bytes=100_000)
+
+
 @pytest.mark.parametrize("program", [
     pytest.param("x = bytearray(10**10)", id="one-huge-allocation"),
     pytest.param("x = []\nwhile True:\n    x.append(' ' * 10**6)", id="gradual-growth"),
     pytest.param("import threading\nthreads = [threading.Thread(target=lambda: bytearray(10**9))"
                  " for _ in range(8)]\n[t.start() for t in threads]\n[t.join() for t in threads]\n"
                  "raise MemoryError", id="allocating-threads"),
+    pytest.param(MEMFD_BOMB, id="memfd"),
+    pytest.param(SHM_BOMB, id="sysv-shm"),
 ])
-def test_memory_bombs_hit_the_limit(verifier: CodeVerifier, program: str) -> None:
-    assert reason(run_io(verifier, program)) == "memory"
+def test_memory_bombs_hit_the_limit(patient_verifier: CodeVerifier, program: str) -> None:
+    if program in (MEMFD_BOMB, SHM_BOMB) and not sandbox.cgroup_available():
+        pytest.skip("no memory cgroup here: in-memory files and shared memory are not counted")
+    verdict = run_io(patient_verifier, program)
+    assert (reason(verdict), verdict.score) == ("memory", 0.0), verdict.details
+
+
+def test_ipc_objects_do_not_outlive_a_test(verifier: CodeVerifier) -> None:
+    # Two io tests, two runners: the first leaves a SysV message queue and shared memory segment
+    # under a fixed key; in the second they are gone (each run has its own IPC namespace).
+    program = dedent("""\
+        import ctypes, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        first = sys.stdin.read() == 'first'
+        flags = 0o1600 if first else 0o600  # IPC_CREAT the first time only
+        queue, shm = libc.msgget(4242, flags), libc.shmget(4243, 4096, flags)
+        if first:
+            msg = ctypes.create_string_buffer(b'\\1\\0\\0\\0\\0\\0\\0\\0secret', 16)
+            libc.msgsnd(queue, msg, 6, 0)
+        print(queue >= 0, shm >= 0)
+        """)
+    io = [{"input": "first", "output": "True True\n"}, {"input": "second", "output": "False False\n"}]
+    verdict = verifier(Problem("", {"io": io}), program)
+    assert verdict.score == 1.0, verdict.details
 
 
 @pytest.mark.parametrize(("program", "stream"), [

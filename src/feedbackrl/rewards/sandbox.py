@@ -52,6 +52,7 @@ network, filesystem or PID isolation.
 from __future__ import annotations
 
 import contextlib
+import logging
 import marshal
 import os
 import py_compile
@@ -63,7 +64,13 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 
+from feedbackrl.rewards import sandbox_cgroup
+
+log = logging.getLogger(__name__)
+
 UID_MIN, UID_MAX = 1 << 20, 1 << 30  # far above real accounts, so one uid names one job
+NPROC = 64  # processes + threads per job (the cgroup's pids.max; the judge's RLIMIT_NPROC too)
+_CGROUP_WARNED: list[str] = []
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # -I: ignore PYTHON* variables and the user site; -S: no site-packages (programs get the
 # standard library only, and start faster); -B: the filesystem is read-only anyway. Our directory
@@ -91,7 +98,7 @@ class Limits:
 @cache
 def _judge_cmd() -> list[str]:
     """The judge's command line, after making sure its bytecode is cached (else ~10 ms a run)."""
-    for name in ("sandbox_judge.py", "sandbox_harness.py"):
+    for name in ("sandbox_judge.py", "sandbox_harness.py", "sandbox_checks.py", "sandbox_cgroup.py"):
         with contextlib.suppress(OSError, py_compile.PyCompileError):  # a read-only install: slower
             py_compile.compile(os.path.join(_HERE, name), doraise=True)
     return _JUDGE_CMD
@@ -130,36 +137,63 @@ def require_isolation() -> None:
             "process session only.")
 
 
-def run_program(code: str, *, inputs: list[str] | None = None, checks: list[list[dict]] | None = None,
-                limits: Limits = Limits(), isolate: bool = True) -> dict:
-    """Run `code` once per stdin string in `inputs` (io style), or once with `checks` (assert style).
+def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] | None = None,
+                limits: Limits = Limits(), isolate: bool = True, sandbox_checks: bool = True) -> dict:
+    """Run `code` once per stdin string in `inputs` (io style), or decide `tests` against it.
 
-    `checks[i]` lists test i's checks, each {"eq": [src | None, src | None]} (the runner reports the
-    value of each non-None side), {"truth": src} or {"stmt": src}. Returns {"tests": [{"outcome",
-    "msgs", "stderr", "stdout" (io)}, ...], "attempts": n, "leaked": n} or {"error": text}.
+    Each of `tests` is Python source the judge runs itself, calling into the program (see
+    `sandbox_checks`); `sandbox_checks=False` fails a test the judge cannot decide ("undecidable")
+    instead of running it inside the sandbox. Returns {"tests": [{"outcome", "stderr", "stdout"
+    (io), "detail" and "decided" (tests)}, ...], "attempts": n, "leaked": n} or {"error": text}.
     """
-    n_tests = len(inputs if inputs is not None else checks or [])
+    n_tests = len(inputs if inputs is not None else tests or [])
     uid = UID_MIN + secrets.randbelow(UID_MAX - UID_MIN)
-    spec = {"code": code, "inputs": inputs, "checks": checks, "uid": uid, "isolate": isolate,
-            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s),
-            "memory_mb": int(limits.memory_mb), "max_output_bytes": int(limits.max_output_bytes)}
+    cgroup = _job_cgroup(f"feedbackrl-{uid}", limits.memory_mb) if isolate else None
+    # With a cgroup counting real memory, the address-space limit only stops absurd reservations
+    # (thread stacks and malloc arenas reserve far more than they use).
+    address_space_mb = max(4 * limits.memory_mb, limits.memory_mb + 1024) if cgroup else limits.memory_mb
+    spec = {"code": code, "inputs": inputs, "tests": tests, "uid": uid, "isolate": isolate,
+            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s), "cgroup": cgroup,
+            "memory_mb": int(limits.memory_mb), "address_space_mb": int(address_space_mb),
+            "max_output_bytes": int(limits.max_output_bytes), "sandbox_checks": bool(sandbox_checks)}
     # A crash can cost a test a reload as well: two deadlines per test, plus start-up slack.
     budget = 2 * (n_tests + 1) * limits.timeout_s + 10
     cmd = [*_UNSHARE, *_judge_cmd()] if isolate else _judge_cmd()
-    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env={}, cwd="/", start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(marshal.dumps(spec), timeout=budget)
-        except subprocess.TimeoutExpired:
-            out, err = b"", b"the judge overran the job's overall deadline"
-        finally:
-            _kill_group(proc.pid)  # --kill-child takes the judge, and with it the PID namespace
-    leaked = _kill_uid(uid) if os.geteuid() == 0 else 0
+    try:
+        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={}, cwd="/", start_new_session=True) as proc:
+            try:
+                out, err = proc.communicate(marshal.dumps(spec), timeout=budget)
+            except subprocess.TimeoutExpired:
+                out, err = b"", b"the judge overran the job's overall deadline"
+            finally:
+                _kill_group(proc.pid)  # --kill-child takes the judge, and with it the PID namespace
+    finally:
+        leaked = sandbox_cgroup.remove(cgroup) if cgroup else 0
+    leaked += _kill_uid(uid) if os.geteuid() == 0 else 0
     try:
         return marshal.loads(out) | {"leaked": leaked}
     except (EOFError, ValueError, TypeError):
         tail = err[-500:].decode(errors="replace")
         return {"error": f"sandbox failed (exit {proc.returncode}): {tail}", "leaked": leaked}
+
+
+@cache
+def cgroup_available() -> bool:
+    """Whether jobs here get a cgroup (memory and process limits that count everything)."""
+    job, _ = sandbox_cgroup.create(f"feedbackrl-probe-{os.getpid()}", 64, NPROC)
+    if job is not None:
+        sandbox_cgroup.remove(job)
+    return job is not None
+
+
+def _job_cgroup(name: str, memory_mb: int) -> dict | None:
+    job, why = sandbox_cgroup.create(name, memory_mb, NPROC)
+    if job is None and not _CGROUP_WARNED:
+        _CGROUP_WARNED.append(why)
+        log.warning("sandbox: no cgroup for the job's memory and processes (%s); falling back to rlimits, "
+                    "which do not count in-memory files or shared memory", why)
+    return job
 
 
 def _kill_group(pgid: int) -> None:

@@ -1,0 +1,196 @@
+"""The judge's side of an assert-style test: run the test's code here, calling into the program.
+
+A test is any block of Python: `assert add(1, 2) == 3`, a loop over cases, or HumanEval's
+`def check(candidate): ...` followed by `check(entry_point)`. The judge (a process the program
+cannot signal, trace or read, running none of the program's code) executes it with its own
+builtins and standard library; every name the program defined is bound to a `Remote` that turns
+calls and attribute reads into requests to the runner. Replies are plain data (exact builtin
+types, rebuilt by `decode_value`) or an opaque handle, so every comparison, `isinstance`,
+`math.isclose` or loop in the test runs on values the program cannot make lie, and the test's
+literals never reach the program. Standard library only: this runs inside the judge.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import marshal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# Exceptions a program's reply may name that a test may catch: the builtin ones, rebuilt here.
+_CATCHABLE = {name: cls for name, cls in vars(builtins).items()
+              if isinstance(cls, type) and issubclass(cls, Exception)}
+_DIED = {"MemoryError": "memory", "SystemExit": "early_exit"}
+
+
+class ProgramError(Exception):
+    """The program raised an exception that is not a builtin one (named in the message)."""
+
+
+class NotPlainData(Exception):
+    """The test used a program object that is not plain data as a value (compared it, ...)."""
+
+
+class Stop(BaseException):  # noqa: N818 - ends the test; a bare `except:` in it cannot keep it alive
+    """The test cannot go on: the runner died, the time ran out, or the test is undecidable here."""
+
+
+class Remote:
+    """A program object (a global, or a value that is not plain data), reachable only by request."""
+
+    __slots__ = ("_conn", "_target", "_label")
+
+    def __init__(self, conn: Connection, target: str | int, label: str) -> None:
+        object.__setattr__(self, "_conn", conn)
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_label", label)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._conn.request("call", self._target, (args, kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._conn.request("get", self._target, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._conn.request("list", self._target))
+
+    def __repr__(self) -> str:
+        return f"<program object {self._label}>"
+
+    def _refuse(self, *args: Any) -> Any:
+        raise NotPlainData(f"the program's {self._label} is not plain data and cannot be compared or tested")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __len__ = __contains__ = _refuse
+    __hash__ = object.__hash__
+
+
+class Connection:
+    """Requests to one runner, through `send` (a callable of the judge); remembers why it stopped."""
+
+    def __init__(self, send: Callable[[tuple], tuple[str, str] | str]) -> None:
+        self.send, self.seq, self.stopped = send, 0, ""
+
+    def request(self, op: str, target: str | int, arg: Any) -> Any:
+        if self.stopped:
+            raise Stop(self.stopped)
+        if op == "call":
+            try:  # exact builtin types only: marshal refuses anything else, subclasses included
+                marshal.dumps(arg)
+            except ValueError:
+                self.stop("undecidable: the test passes the program a value that is not plain data")
+        self.seq += 1
+        reply = self.send((self.seq, op, target, arg))
+        if isinstance(reply, str):  # the runner is gone: reply is why
+            self.stop(reply)
+        kind, rest = reply
+        if kind == "v":
+            return decode_value(rest)
+        if kind == "h":
+            handle, _, type_name = rest.partition(" ")
+            return Remote(self, int(handle), f"{type_name[:60]} object")
+        if rest in _DIED:
+            self.stop(_DIED[rest])
+        raise _CATCHABLE.get(rest, ProgramError)(f"{rest}, raised by the program")
+
+    def stop(self, why: str) -> None:
+        self.stopped = self.stopped or why
+        raise Stop(self.stopped)
+
+
+def evaluate(source: str, conn: Connection, names: dict[str, str]) -> tuple[str, str]:
+    """Run one test against the program here; (reason, detail), reason "ok" when it passed.
+
+    `names` maps the program's globals to "c" (callable) or "v" (a value, fetched when bound).
+    A test name that is a builtin stays the builtin, whatever the program defines.
+    """
+    code = compile(source, "<test>", "exec")
+    scope: dict[str, Any] = {"__name__": "__test__", "__builtins__": builtins}
+    try:
+        for name in _free_names(code):
+            if name in names and not hasattr(builtins, name):
+                kind = names[name]
+                scope[name] = Remote(conn, name, f"'{name}'") if kind == "c" else conn.request("get", name, None)
+        exec(code, scope)
+        outcome = ("ok", "")
+    except AssertionError as exc:
+        outcome = ("wrong_output", f"failed: {_failed_line(source, exc)}")
+    except Exception as exc:
+        outcome = _error(exc)
+    except Stop:
+        outcome = ("", "")
+    return _stopped(conn) or outcome
+
+
+def evaluate_inside(source: str, conn: Connection) -> tuple[str, str]:
+    """Run one test in the runner, in the program's namespace: for tests `evaluate` cannot decide."""
+    try:
+        conn.request("exec", "", source)
+        outcome = ("ok", "")
+    except AssertionError:
+        outcome = ("wrong_output", "failed (decided inside the sandbox)")
+    except Exception as exc:
+        outcome = _error(exc)
+    except Stop:
+        outcome = ("", "")
+    return _stopped(conn) or outcome
+
+
+def _error(exc: Exception) -> tuple[str, str]:
+    if isinstance(exc, NotPlainData):
+        return "wrong_output", str(exc)
+    if isinstance(exc, RecursionError):
+        return "runtime_error", "the test hit the recursion limit"
+    return "runtime_error", f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _stopped(conn: Connection) -> tuple[str, str] | None:
+    """Whatever the test caught, a dead runner, a lapsed deadline or an undecidable call decides."""
+    if not conn.stopped:
+        return None
+    reason, _, why = conn.stopped.partition(": ")
+    return reason, why
+
+
+def _free_names(code: Any) -> list[str]:
+    names, stack = [], [code]
+    while stack:  # nested code too: functions, comprehensions and lambdas in the test
+        c = stack.pop()
+        names += c.co_names
+        stack += [k for k in c.co_consts if isinstance(k, type(code))]
+    return list(dict.fromkeys(names))
+
+
+def _failed_line(source: str, exc: BaseException) -> str:
+    tb, line = exc.__traceback__, 0
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<test>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    lines = source.splitlines()
+    return lines[line - 1].strip()[:200] if 0 < line <= len(lines) else "assert"
+
+
+def decode_value(text: str) -> Any:
+    """Rebuild a value from `sandbox_harness.encode`'s tagged JSON (untrusted input, never executed)."""
+    return _untag(json.loads(text))
+
+
+def _untag(x: Any) -> Any:
+    if not isinstance(x, list):
+        return x
+    tag, items = x[0], x[1:]
+    scalars = {"s": lambda h: bytes.fromhex(h).decode("utf-8", "surrogatepass"), "b": bytes.fromhex,
+               "x": lambda h: int(h, 16), "c": lambda re_, im: complex(re_, im)}
+    if tag in scalars:
+        return scalars[tag](*items)
+    values = [_untag(item) for item in items]
+    containers = {"l": list, "t": tuple, "S": set, "F": frozenset,
+                  "d": lambda v: dict(zip(v[::2], v[1::2], strict=True))}
+    return containers[tag](values)
+
+
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))  # decode_value of 100-deep nesting
