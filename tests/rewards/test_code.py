@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections import namedtuple
+from textwrap import dedent
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -220,6 +221,39 @@ def test_assert_styles(verifier: CodeVerifier) -> None:
     program = "def add(a, b):\n    return None if a is None else a + b"
     verdict = verifier(Problem("", tests), program)
     assert verdict.score == 1.0, verdict.details
+
+
+def test_test_shapes_decided_by_the_judge(verifier: CodeVerifier) -> None:
+    program = dedent("""\
+        class Stack:
+            def __init__(self):
+                self.items = []
+            def push(self, x):
+                self.items.append(x)
+            def pop(self):
+                return self.items.pop()
+        def evens(n):
+            return (i for i in range(n) if i % 2 == 0)
+        def parse(s):
+            if not s.isdigit():
+                raise ValueError(s)
+            return int(s)
+        LIMIT = 10
+        """)
+    tests = {"asserts": [
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and s.items == [1]",  # methods on a handle
+        "assert list(evens(5)) == [0, 2, 4]",  # a generator, materialised
+        "try:\n    parse('x')\n    assert False\nexcept ValueError:\n    pass",  # an expected exception
+        "assert 0 <= parse('7') < LIMIT != 3",  # chained comparison, a global value
+        "def check(candidate):\n    assert candidate('12') == 12\ncheck(parse)",
+        "assert parse('1') == 2",  # wrong
+        "assert Stack() == Stack()",  # program objects are not plain data
+        "parse('-')",  # the program's exception is a runtime error
+    ]}
+    verdict = verifier(Problem("", tests), program)
+    assert [t["reason"] for t in verdict.details["tests"]] == ["ok"] * 5 + ["wrong_output"] * 2 + ["runtime_error"]
+    assert verdict.details["tests"][5]["detail"] == "failed: assert parse('1') == 2"
+    assert verdict.details["tests"][7]["detail"] == "ValueError: ValueError, raised by the program"
 
 
 def test_assert_runtime_error_and_recovery_after_timeout(verifier: CodeVerifier) -> None:

@@ -55,6 +55,12 @@ def host_unchanged() -> Iterator[None]:
     assert Path("/proc/self/mountinfo").read_text() == mounts, "sandbox mounts leaked to the host"
     stray = {name for name in set(os.listdir("/tmp")) - tmp if "pwned" in name or "sandbox" in name}
     assert not stray, f"files appeared in the host's /tmp: {stray}"
+    assert job_cgroups() == [], "a job's cgroup outlived it"
+
+
+def job_cgroups() -> list[str]:
+    """cgroups the sandbox made for jobs and left behind (it removes each after its job)."""
+    return [str(p) for p in Path("/sys/fs/cgroup").rglob("feedbackrl-*") if p.is_dir()]
 
 
 @pytest.fixture(scope="module")
@@ -377,3 +383,150 @@ def test_benign_programs_still_pass_next_to_attacks(verifier: CodeVerifier) -> N
     completions = [GOLD_ADD, "while True:\n    pass", GOLD_ADD, "import os\nos._exit(0)"]
     verdicts = verifier.batch([Problem("", ADD_TESTS)] * 4, completions, workers=2)
     assert [v.score for v in verdicts] == [1.0, 0.0, 1.0, 0.0]
+
+
+# ------------------------------------------- checks decided outside the program: each cheat class
+
+SECRET = f"secret-{uuid.uuid4().hex}"
+CHECK_BLOCK = {"asserts": [dedent(f"""\
+    def check(candidate):
+        assert candidate(1, 2) == 3
+        assert candidate(2, 2) != 5
+        assert 0 < candidate(0, 1) <= 1
+        assert candidate(-1, 1) in (0, None)
+        assert abs(candidate(0.1, 0.2) - 0.3) < 1e-9
+        for a, b in [(3, 4), (10, -2)]:
+            assert candidate(a, b) == a + b
+        assert candidate('a', 'b') == {SECRET!r}[:0] + 'ab'
+    check(add)
+    """)]}
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("class Eq:\n    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = lambda s, o: True\n"
+                 "    __bool__ = lambda s: True\n    __contains__ = lambda s, o: True\n"
+                 "    __sub__ = __rsub__ = __abs__ = __add__ = __radd__ = lambda s, *o: s\n"
+                 "    __hash__ = None\ndef add(a, b):\n    return Eq()", id="always-equal"),
+    pytest.param("class Eq(int):\n    __eq__ = __ne__ = __lt__ = __le__ = lambda s, o: True\n"
+                 "    __hash__ = int.__hash__\ndef add(a, b):\n    return Eq(0)", id="int-subclass-always-equal"),
+    pytest.param("class Eq(str):\n    __eq__ = __ne__ = lambda s, o: True\n    __hash__ = str.__hash__\n"
+                 "def add(a, b):\n    return Eq('x')", id="str-subclass-always-equal"),
+])
+def test_always_equal_objects_pass_no_check_block(verifier: CodeVerifier, program: str) -> None:
+    verdict = verifier(Problem("", CHECK_BLOCK), program)
+    assert verdict.score == 0.0, verdict.details
+    entry = verdict.details["tests"][0]
+    assert (entry["reason"], entry["decided"]) == ("wrong_output", "judge"), entry
+    assert verifier(Problem("", CHECK_BLOCK), GOLD_ADD).score == 1.0
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("import math\nmath.isclose = lambda *a, **k: True\nmath.pi = 3", id="patch-math"),
+    pytest.param("import sys, types\nfake = types.ModuleType('math')\nfake.isclose = lambda *a, **k: True\n"
+                 "fake.pi = 3\nsys.modules['math'] = fake", id="fake-module-in-sys-modules"),
+    pytest.param("import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
+                 "builtins.AssertionError = KeyError", id="patch-builtins"),
+])
+def test_stdlib_monkeypatching_does_not_reach_the_checks(verifier: CodeVerifier, program: str) -> None:
+    tests = {"asserts": ["import math\nassert math.isclose(area(1), math.pi)",
+                         "assert abs(area(2) - 12.566370614359172) < 1e-9",
+                         "assert isinstance(area(1), float) and area(1) > 3.1"]}
+    wrong = program + "\ndef area(r):\n    return 3\n"
+    verdict = verifier(Problem("", tests), wrong)
+    assert verdict.score == 0.0, verdict.details
+    assert [t["reason"] for t in verdict.details["tests"]] == ["wrong_output"] * 3
+    right = program + "\nimport math as m\ndef area(r):\n    return 3.141592653589793 * r * r\n"
+    assert verifier(Problem("", tests), right).score == 1.0
+
+
+def test_test_literals_are_nowhere_in_the_program_s_reach(verifier: CodeVerifier) -> None:
+    # The program looks for the expected value everywhere it can read: the frames above its
+    # call, every object on its heap, its own memory, the judge's memory and command line.
+    program = dedent("""\
+        import gc, os, re, sys
+        def find():
+            pattern = re.compile(rb'secret-[0-9a-f]{32}')
+            frame, seen = sys._getframe(), []
+            while frame is not None:
+                seen += [repr(frame.f_locals), repr(frame.f_code.co_consts)]
+                frame = frame.f_back
+            seen += [repr(o)[:10000] for o in gc.get_objects() if isinstance(o, (str, dict, tuple, list))]
+            blob = '\\n'.join(seen).encode()
+            for pid in ('self', '1'):
+                for name in ('cmdline', 'environ'):
+                    try:
+                        blob += open(f'/proc/{pid}/{name}', 'rb').read()
+                    except OSError:
+                        pass
+                try:
+                    mem = open(f'/proc/{pid}/mem', 'rb')
+                    for line in open(f'/proc/{pid}/maps'):
+                        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
+                        if 'r' in line.split()[1] and hi - lo < 1 << 28:
+                            try:
+                                mem.seek(lo)
+                                blob += mem.read(hi - lo)
+                            except (OSError, OverflowError, ValueError):
+                                pass
+                except OSError:
+                    pass
+            found = pattern.search(blob)
+            return found.group().decode() if found else 'nothing'
+        def add(a, b):
+            return find()
+        """)
+    verdict = verifier(Problem("", {"asserts": [f"assert add(1, 2) == {SECRET!r}"]}), program)
+    assert verdict.score == 0.0, verdict.details
+    assert verdict.details["tests"][0]["detail"] == f"failed: assert add(1, 2) == {SECRET!r}"
+    probe = verifier(Problem("", {"asserts": ["assert add(1, 2) == 'nothing'"]}), program)
+    assert probe.score == 1.0, probe.details  # the search ran to the end and found nothing
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param(dedent("""\
+        import gc, os
+        report = next(f for f in gc.get_objects() if getattr(f, '__qualname__', '') == 'run.<locals>.report')
+        for seq in range(1, 50):
+            report(f'R {seq} v true')
+        """), id="forge-replies-through-gc"),
+    pytest.param(dedent("""\
+        import sys
+        def tracer(frame, event, arg):
+            if frame.f_code.co_name == '_serve' and event == 'line':
+                frame.f_locals.clear()
+            return tracer
+        sys.settrace(tracer)
+        """), id="settrace-on-the-harness"),
+    pytest.param(dedent("""\
+        import sys, os
+        def add(a, b):
+            frame = sys._getframe(1)
+            while frame is not None:  # climb to the harness and rewrite what it is about to send
+                if 'report' in frame.f_locals:
+                    frame.f_locals['report']('R 99 v true')
+                    nonce = frame.f_globals.get('nonce')
+                frame = frame.f_back
+            os.write(3, b'L [\"l\"]\\n')
+            return True
+        """), id="forge-through-frames"),
+])
+def test_forged_reports_decide_nothing(verifier: CodeVerifier, program: str) -> None:
+    tests = {"asserts": [f"assert add(1, 2) == {SECRET!r}", "assert add(2, 2) == 4 and add(0, 0) == 0",
+                         "assert add(1, 1) == 2"]}
+    verdict = verifier(Problem("", tests), WRONG_ADD + program)
+    assert verdict.score == 0.0, verdict.details
+    assert all(t["decided"] == "judge" for t in verdict.details["tests"] if "decided" in t)
+
+
+def test_undecidable_tests_are_marked_and_can_be_forbidden(verifier: CodeVerifier) -> None:
+    # A test that hands the program a function: the judge cannot call into it with plain data.
+    tests = {"asserts": ["assert apply(lambda x: x + 1, 2) == 3", "assert apply(abs, -2) == 2"]}
+    program = "def apply(f, x):\n    return f(x)\n"
+    verdict = verifier(Problem("", tests), program)
+    assert verdict.score == 1.0, verdict.details
+    assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
+    strict = CodeVerifier(timeout_s=1.0, memory_mb=256, sandbox_checks=False)
+    verdict = strict(Problem("", tests), program)
+    assert verdict.score == 0.0
+    assert [t["reason"] for t in verdict.details["tests"]] == ["undecidable"] * 2
+    assert "not plain data" in verdict.details["tests"][0]["detail"]

@@ -3,9 +3,11 @@
 This is the host half, called from the trainer. One job (one program, one problem's tests)::
 
     host --spawn--> unshare --net --pid --mount --ipc --uts --fork --kill-child
-                      └─ judge (sandbox_judge.py): PID 1 of a fresh PID namespace, root, our code only
-                           └─ runner, forked per attempt: job-unique uid, rlimits, runs the program
-                              and then the tests' checks in-process (sandbox_harness.py)
+                      └─ judge (sandbox_judge.py): PID 1 of a fresh PID namespace, root, our code only;
+                         runs assert tests itself (sandbox_checks.py), calling into the runner
+                           └─ runner, per attempt: fork, lock down (job uid, cgroup, rlimits, own IPC
+                              namespace), then execve a fresh interpreter that runs the program and
+                              answers the judge's calls with plain data (sandbox_harness.py)
 
 Threat model. The program is arbitrary Python written by a policy under optimisation: buggy, or
 actively looking for reward. It may burn CPU, memory, disk, processes or output; write or read
@@ -18,35 +20,38 @@ Mechanisms, each closing a hole:
   and the kernel when it exits, kill every process of the job, daemons and double forks included.
   Mount: every mount read-only and nosuid, /root and /home hidden behind empty tmpfs (the Python
   install is re-exposed read-only if it lives there), a fresh /proc that shows only the job, and a
-  fresh size-capped tmpfs working directory and /dev/shm per attempt; nothing is written to disk,
-  so nothing needs removing. IPC and UTS: private.
+  fresh size-capped tmpfs working directory and /dev/shm per attempt. IPC: one namespace per
+  attempt, so SysV shared memory and message queues die with it. UTS: private.
 - Privileges. The runner switches to a uid/gid drawn at random from [UID_MIN, UID_MAX), no groups,
   PR_SET_NO_NEW_PRIVS: it cannot signal, ptrace or read the judge or any host process, and
-  RLIMIT_NPROC (which root ignores) caps fork bombs per job. rlimits also cap CPU time, address
-  space (`memory_mb`), file size and core dumps. The environment is empty.
+  RLIMIT_NPROC (which root ignores) caps fork bombs per job. The environment is empty.
+- Memory and processes. A cgroup per job (`sandbox_cgroup.py`) caps memory, counting what the
+  address-space limit misses (memfd, SysV shm, tmpfs pages), and processes; where no cgroup can
+  be made, a warning says why and rlimits alone apply. rlimits also cap CPU time, address space,
+  file size, open files (64) and core dumps.
 - Time and output. The judge gives each test `timeout_s` of wall clock and caps output, reading
-  the pipes as they fill; the host adds an overall deadline, kills the session, and then scans
-  /proc for any process still running as the job's uid (expected none; the count is returned).
-- Score integrity. Expected stdout and the literal side of `a == b` asserts never enter the
-  sandbox: the runner reports the *values* it computed and the host compares them. Reports go
-  through their own pipe, each line prefixed with a per-job random nonce, so printing "PASS" does
-  nothing, and leaving early (`sys.exit`, `os._exit`, atexit hooks, signals) leaves a test without
-  its report, which fails it. Values are encoded only from exact builtin types, so an object whose
-  `__eq__` always says True is refused. Test expressions are compiled before the program runs and
-  evaluated with a snapshot of the original builtins; the harness calls only references it saved
-  before the program ran, so rebinding `AssertionError`, `eval`, `BaseException` or
-  `sys.excepthook` changes nothing.
+  the pipes as they fill; the host adds an overall deadline, kills the session, removes the job's
+  cgroup (killing anything in it) and scans /proc for any process still running as the job's uid
+  (expected none; the count is returned).
+- Score integrity. Expected stdout stays on the host. Assert tests are run by the judge, with
+  its own builtins and standard library: the program's functions are proxies whose calls the
+  runner answers with plain data (exact builtin types, encoded by C-level methods) or an opaque
+  handle that refuses to be compared or tested for truth. So an object whose `__eq__` always says
+  True, a patched `math.isclose` or a fake module in `sys.modules` changes nothing the judge
+  sees, and a reply forged through frames, `gc` or `sys.settrace` is only a value the program
+  could have returned. The runner is a fresh interpreter (execve), so the tests' literals are in
+  none of its memory; it cannot read the judge's (another uid).
 
-Residual risks, accepted: checks other than `value == literal` (a truth assert such as
-`math.isclose(f(x), 1.0)`, or `f(x) == g(y)` with both sides computed) are decided from what the
-runner reports, so a program that digs into the harness (frames, gc, /proc/self/mem) to take the
-nonce or patch the encoder can forge them; `value == literal` cannot be forged without knowing the
-literal. Test expressions see the original builtins even where the program defines a function of
-the same name, so a task may not ask for a function named like a builtin. Files that everyone may
-read stay readable (read-only, not invisible). Kernel exploits and timing side channels are out of
-scope. Without root and the namespaces `require_isolation` raises `SandboxUnavailable`; with
-`isolate=False` programs run with rlimits, a session and (as root) a separate uid only: no
-network, filesystem or PID isolation.
+Residual risks, accepted: a test that passes the program something other than plain data (a
+function, say) cannot be decided by the judge; it runs inside the sandbox, in the program's
+namespace, its entry says `"decided": "sandbox"`, and a program that digs into the harness can
+fake it (`sandbox_checks=False` fails such tests instead). Test code sees the real builtins even
+where the program defines a function of the same name, so a task may not ask for a function named
+like a builtin. Files that everyone may read stay readable (read-only, not invisible). Kernel
+exploits and timing side channels are out of scope. Without root and the namespaces
+`require_isolation` raises `SandboxUnavailable`; with `isolate=False` programs run with rlimits, a
+session and (as root) a separate uid only: no network, filesystem, PID or IPC isolation and no
+cgroup, and the runner is forked without a fresh interpreter.
 """
 
 from __future__ import annotations

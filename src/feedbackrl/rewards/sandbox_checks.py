@@ -56,7 +56,7 @@ class Remote:
         return self._conn.request("get", self._target, name)
 
     def __iter__(self) -> Any:
-        return iter(self._conn.request("list", self._target))
+        return iter(self._conn.request("list", self._target, None))
 
     def __repr__(self) -> str:
         return f"<program object {self._label}>"
@@ -64,7 +64,7 @@ class Remote:
     def _refuse(self, *args: Any) -> Any:
         raise NotPlainData(f"the program's {self._label} is not plain data and cannot be compared or tested")
 
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __len__ = __contains__ = _refuse
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _refuse
     __hash__ = object.__hash__
 
 
