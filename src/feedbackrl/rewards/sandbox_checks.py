@@ -78,10 +78,7 @@ class Connection:
         if self.stopped:
             raise Stop(self.stopped)
         if op == "call":
-            try:  # exact builtin types only: marshal refuses anything else, subclasses included
-                marshal.dumps(arg)
-            except ValueError:
-                self.stop("undecidable: the test passes the program a value that is not plain data")
+            arg = _call_args(self, *arg)
         self.seq += 1
         reply = self.send((self.seq, op, target, arg))
         if isinstance(reply, str):  # the runner is gone: reply is why
@@ -99,6 +96,20 @@ class Connection:
     def stop(self, why: str) -> None:
         self.stopped = self.stopped or why
         raise Stop(self.stopped)
+
+
+def _call_args(conn: Connection, args: tuple, kwargs: dict) -> tuple:
+    """(args, kwargs, handles): program objects among the arguments travel as their handle numbers."""
+    handles, args, kwargs = [], list(args), dict(kwargs)
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if type(value) is Remote and value._conn is conn and type(value._target) is int:
+            handles.append((key, value._target))
+            (args if type(key) is int else kwargs)[key] = None
+    try:  # exact builtin types only: marshal refuses anything else, subclasses included
+        marshal.dumps((args, kwargs))
+    except ValueError:
+        conn.stop("undecidable: the test passes the program a value that is not plain data")
+    return args, kwargs, handles
 
 
 def evaluate(source: str, conn: Connection, names: dict[str, str]) -> tuple[str, str]:

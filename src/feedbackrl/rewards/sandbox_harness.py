@@ -13,8 +13,9 @@ nonce, mode). Reports are lines `<nonce> <message>` on fd 3:
 
 In call mode, requests come from the judge on fd 0 as length-prefixed marshal tuples
 (seq, op, target, arg): op "get" (a global, or an attribute of a handle), "call" (arg is (args,
-kwargs), plain data only), "list" (materialise an iterable) or "exec" (a test the judge could not
-decide, run here, in the program's namespace). The judge decides every check; this process only
+kwargs, [(position or keyword, handle)]): plain data, and handles in the listed places), "list"
+(materialise an iterable) or "exec" (a test the judge could not decide, run here, in the
+program's namespace). The judge decides every check; this process only
 computes values, and the judge trusts nothing it says beyond plain data.
 """
 
@@ -127,7 +128,10 @@ def _answer(op: str, target: object, arg: object, ns: dict, original: dict, hand
     if op == "get":
         value = obj if arg is None else _getattr(obj, arg)
     elif op == "call":
-        value = obj(*arg[0], **arg[1])
+        args, kwargs, kept = arg
+        for key, handle in kept:  # arguments that are the program's own objects, by handle
+            (args if _type(key) is _int else kwargs)[key] = handles[handle]
+        value = obj(*args, **kwargs)
     elif op == "list":
         value = []
         for item in obj:
