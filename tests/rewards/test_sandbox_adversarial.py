@@ -208,15 +208,106 @@ def test_cannot_write_outside_the_work_dir(verifier: CodeVerifier) -> None:
     assert not any(os.path.exists(path) for path in targets)
 
 
-def test_runs_unprivileged_with_root_and_home_hidden(verifier: CodeVerifier) -> None:
+def test_runs_unprivileged_in_a_root_built_from_an_allowlist(verifier: CodeVerifier) -> None:
     # /root keeps only the way to the Python install, if that lives there (pyenv does).
     python = Path(sys.base_prefix).resolve().parts
     root = [python[2]] if python[:2] == ("/", "root") else []
     program = ("import os\nprint(os.getuid() != 0, os.getgid() != 0, os.getgroups())\n"
-               "print(os.listdir('/root'), os.listdir('/home'))\n"
+               "top = set(os.listdir('/'))\n"
+               "print(sorted(top & {'etc', 'var', 'run', 'srv', 'home', 'mnt', 'opt', 'sys', 'work', 'boot'}))\n"
+               "print(sorted(top & {'dev', 'proc', 'tmp'}), os.listdir('/root') if 'root' in top else [])\n"
                "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n")
-    verdict = run_io(verifier, program, expected=f"True True []\n{root} []\n['1', '2']\n")
+    verdict = run_io(verifier, program, expected=f"True True []\n[]\n['dev', 'proc', 'tmp'] {root}\n['1', '2']\n")
     assert verdict.score == 1.0, verdict.details  # /proc shows only the judge (1) and itself (2)
+
+
+def test_host_files_and_paths_are_out_of_sight(verifier: CodeVerifier) -> None:
+    # World-readable files a program could otherwise read: a planted answer file, the project's
+    # own files, the install path through the judge's command line.
+    planted = [Path(f"/var/tmp/pwned_answer_{uuid.uuid4().hex}"), REPO / f"pwned_answer_{uuid.uuid4().hex}",
+               Path(f"/tmp/pwned_answer_{uuid.uuid4().hex}")]
+    for path in planted:
+        path.write_text("42")
+        path.chmod(0o644)
+    program = dedent(f"""\
+        import os
+        for path in {[str(p) for p in planted] + [str(REPO / "pyproject.toml"), "/etc/passwd"]!r}:
+            try:
+                print(open(path).read())
+            except OSError as e:
+                print('hidden' if e.errno == 2 else e.errno)
+        print({str(REPO)!r}.encode() in open('/proc/1/cmdline', 'rb').read() + open('/proc/self/cmdline', 'rb').read())
+        """)
+    try:
+        verdict = run_io(verifier, program, expected="hidden\n" * 5 + "False\n")
+    finally:
+        for path in planted:
+            path.unlink()
+    assert verdict.score == 1.0, verdict.details
+
+
+def test_unix_sockets_at_host_paths_are_unreachable(verifier: CodeVerifier) -> None:
+    path = f"/tmp/pwned_sock_{uuid.uuid4().hex}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    server.settimeout(0.2)
+    program = dedent(f"""\
+        import socket
+        for address in ({path!r}, '\\0feedbackrl-abstract'):
+            try:
+                socket.socket(socket.AF_UNIX).connect(address)
+                print('connected')
+            except OSError:
+                print('blocked')
+        """)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\0feedbackrl-abstract")
+    abstract.listen()
+    try:
+        verdict = run_io(verifier, program, expected="blocked\nblocked\n")
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+        abstract.close()
+        os.unlink(path)
+    assert verdict.score == 1.0, verdict.details
+
+
+def test_seccomp_refuses_kernel_surface_a_program_has_no_use_for(verifier: CodeVerifier) -> None:
+    if sandbox.sandbox_seccomp.bpf()[0] is None:
+        pytest.skip(f"no seccomp filter here: {sandbox.sandbox_seccomp.bpf()[1]}")
+    # Without the filter: io_uring_setup(1, NULL) -> EFAULT (14), add_key(...) -> EINVAL (22), and a
+    # user namespace (unshare(CLONE_NEWUSER)) succeeds (0). With it, each is EPERM (1).
+    program = dedent("""\
+        import ctypes, os, threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        err = lambda r: ctypes.get_errno() if r == -1 else 0
+        print(err(libc.syscall(425, 1, None)), err(libc.syscall(248, b'user', b'x', None, 0, -2)),
+              err(libc.unshare(0x10000000)))
+        t = threading.Thread(target=print, args=('threads work',))
+        t.start()
+        t.join()
+        if os.fork() == 0:
+            os._exit(0)
+        print('fork works', os.wait()[1])
+        """)
+    verdict = run_io(verifier, program, expected="1 1 1\nthreads work\nfork works 0\n")
+    assert verdict.score == 1.0, verdict.details
+
+
+def test_without_a_cgroup_jobs_run_and_the_log_says_why(verifier: CodeVerifier, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(sandbox.sandbox_cgroup, "create", lambda *a: (None, "no cgroup v2 here (test)"))
+    monkeypatch.setattr(sandbox, "_CGROUP_WARNED", [])
+    with caplog.at_level("WARNING", logger="feedbackrl.rewards.sandbox"):
+        verdict = verifier(Problem("", ADD_TESTS), GOLD_ADD)
+    assert verdict.score == 1.0, verdict.details
+    assert [r.getMessage() for r in caplog.records] == [
+        "sandbox: no cgroup for the job's memory and processes (no cgroup v2 here (test)); falling back to "
+        "rlimits, which do not count in-memory files or shared memory"]
 
 
 def test_inherited_secrets_are_invisible(verifier: CodeVerifier, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -439,9 +530,10 @@ def test_stdlib_monkeypatching_does_not_reach_the_checks(verifier: CodeVerifier,
     assert verifier(Problem("", tests), right).score == 1.0
 
 
-def test_test_literals_are_nowhere_in_the_program_s_reach(verifier: CodeVerifier) -> None:
+def test_test_literals_are_nowhere_in_the_program_s_reach(patient_verifier: CodeVerifier) -> None:
     # The program looks for the expected value everywhere it can read: the frames above its
-    # call, every object on its heap, its own memory, the judge's memory and command line.
+    # call, every object on its heap, its own memory, the judge's memory and command line. (The
+    # long deadline: scanning its memory takes a while on a loaded machine.)
     program = dedent("""\
         import gc, os, re, sys
         def find():
@@ -475,10 +567,10 @@ def test_test_literals_are_nowhere_in_the_program_s_reach(verifier: CodeVerifier
         def add(a, b):
             return find()
         """)
-    verdict = verifier(Problem("", {"asserts": [f"assert add(1, 2) == {SECRET!r}"]}), program)
+    verdict = patient_verifier(Problem("", {"asserts": [f"assert add(1, 2) == {SECRET!r}"]}), program)
     assert verdict.score == 0.0, verdict.details
     assert verdict.details["tests"][0]["detail"] == f"failed: assert add(1, 2) == {SECRET!r}"
-    probe = verifier(Problem("", {"asserts": ["assert add(1, 2) == 'nothing'"]}), program)
+    probe = patient_verifier(Problem("", {"asserts": ["assert add(1, 2) == 'nothing'"]}), program)
     assert probe.score == 1.0, probe.details  # the search ran to the end and found nothing
 
 

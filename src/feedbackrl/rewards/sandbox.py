@@ -69,21 +69,25 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 
-from feedbackrl.rewards import sandbox_cgroup
+from feedbackrl.rewards import sandbox_cgroup, sandbox_seccomp
 
 log = logging.getLogger(__name__)
 
 UID_MIN, UID_MAX = 1 << 20, 1 << 30  # far above real accounts, so one uid names one job
 NPROC = 64  # processes + threads per job (the cgroup's pids.max; the judge's RLIMIT_NPROC too)
 _CGROUP_WARNED: list[str] = []
+_SECCOMP_WARNED: list[str] = []
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # -I: ignore PYTHON* variables and the user site; -S: no site-packages (programs get the
 # standard library only, and start faster); -B: the filesystem is read-only anyway. Our directory
 # holds modules (math.py, ...) that would shadow the standard library, so it is on sys.path only
-# while the judge is imported, and the judge's own extension modules are imported before.
-_JUDGE_CMD = [sys.executable, "-I", "-S", "-B", "-c",
-              f"import select, sys; sys.path.insert(0, {_HERE!r}); import sandbox_judge; del sys.path[0]; "
-              "sandbox_judge.main()"]
+# while the judge is imported, and the judge's own extension modules are imported before. That
+# directory comes as the first line of stdin, not on the command line, which /proc/1/cmdline shows
+# the program; and the interpreter is the real binary, not a venv's link to it.
+_JUDGE_CMD = [os.path.realpath(sys.executable), "-I", "-S", "-B", "-c",
+              "import select, sys; sys.path.insert(0, sys.stdin.buffer.readline()[:-1].decode()); "
+              "import sandbox_judge; del sys.path[0]; sandbox_judge.main()"]
+_JUDGE_DIR = _HERE.encode() + b"\n"
 _UNSHARE = ["unshare", "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
 
 
@@ -103,7 +107,7 @@ class Limits:
 @cache
 def _judge_cmd() -> list[str]:
     """The judge's command line, after making sure its bytecode is cached (else ~10 ms a run)."""
-    for name in ("sandbox_judge.py", "sandbox_harness.py", "sandbox_checks.py", "sandbox_cgroup.py"):
+    for name in ("sandbox_judge.py", "sandbox_harness.py", "sandbox_checks.py", "sandbox_cgroup.py", "sandbox_fs.py"):
         with contextlib.suppress(OSError, py_compile.PyCompileError):  # a read-only install: slower
             py_compile.compile(os.path.join(_HERE, name), doraise=True)
     return _JUDGE_CMD
@@ -121,7 +125,8 @@ def _probe() -> tuple[dict[str, bool], str]:
     if not all(found.values()):
         return found | {"namespaces": False}, ""
     try:
-        out = subprocess.run([*_UNSHARE, *_judge_cmd(), "--probe"], capture_output=True, env={}, timeout=30)
+        out = subprocess.run([*_UNSHARE, *_judge_cmd(), "--probe"], input=_JUDGE_DIR, capture_output=True, env={},
+                             timeout=30)
         return found | {"namespaces": True} | marshal.loads(out.stdout), ""
     except (subprocess.SubprocessError, OSError, EOFError, ValueError, TypeError) as exc:
         stderr = out.stderr[-300:].decode(errors="replace") if "out" in locals() else ""
@@ -160,7 +165,8 @@ def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] 
     spec = {"code": code, "inputs": inputs, "tests": tests, "uid": uid, "isolate": isolate,
             "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s), "cgroup": cgroup,
             "memory_mb": int(limits.memory_mb), "address_space_mb": int(address_space_mb),
-            "max_output_bytes": int(limits.max_output_bytes), "sandbox_checks": bool(sandbox_checks)}
+            "max_output_bytes": int(limits.max_output_bytes), "sandbox_checks": bool(sandbox_checks),
+            "seccomp": _seccomp() if isolate else None}
     # A crash can cost a test a reload as well: two deadlines per test, plus start-up slack.
     budget = 2 * (n_tests + 1) * limits.timeout_s + 10
     cmd = [*_UNSHARE, *_judge_cmd()] if isolate else _judge_cmd()
@@ -168,7 +174,7 @@ def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] 
         with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={}, cwd="/", start_new_session=True) as proc:
             try:
-                out, err = proc.communicate(marshal.dumps(spec), timeout=budget)
+                out, err = proc.communicate(_JUDGE_DIR + marshal.dumps(spec), timeout=budget)
             except subprocess.TimeoutExpired:
                 out, err = b"", b"the judge overran the job's overall deadline"
             finally:
@@ -190,6 +196,14 @@ def cgroup_available() -> bool:
     if job is not None:
         sandbox_cgroup.remove(job)
     return job is not None
+
+
+def _seccomp() -> bytes | None:
+    program, why = sandbox_seccomp.bpf()
+    if program is None and not _SECCOMP_WARNED:
+        _SECCOMP_WARNED.append(why)
+        log.warning("sandbox: runners go without a seccomp filter (%s); the namespaces and uid still hold", why)
+    return program
 
 
 def _job_cgroup(name: str, memory_mb: int) -> dict | None:

@@ -22,102 +22,34 @@ from collections.abc import Callable
 # Siblings: the launcher puts our directory on sys.path, then takes it off.
 import sandbox_cgroup
 import sandbox_checks
+import sandbox_fs
 import sandbox_harness
+from sandbox_fs import MS_NODEV, MS_NOSUID, WORKDIR
 
 PROBE_FLAG = "--probe"
-WORKDIR = "/tmp/w"
 TMPFS_MB = 64  # per-attempt working directory; also the largest file a program may write
 NPROC = 64  # processes + threads per job; counted per uid, and each job has its own uid
 NOFILE = 64  # open files per runner
 _CLONE_NEWIPC = 0x08000000
-_HERE = os.path.dirname(os.path.abspath(__file__))
 # The runner's interpreter: a fresh image, so nothing of the judge's memory (the tests) is in it.
-_HARNESS = (f"import os, sys; sys.path.insert(0, {_HERE!r}); import sandbox_harness as h; del sys.path[0]; "
-            "os._exit(h.main())")
+# The harness travels compiled, in the job, so the new root needs none of our files.
+_BOOT = ("import marshal, os\nwith open(4, 'rb') as f:\n    job = marshal.loads(f.read())\n"
+         "harness = {'__name__': 'sandbox_harness'}\nexec(marshal.loads(job['harness']), harness)\n"
+         "os._exit(harness['run'](job['code'], job['nonce'], job['serve']))")
+
+
+def _harness_code() -> bytes:
+    """The harness's code object, marshalled: from its bytecode cache (cheap), else compiled."""
+    try:
+        with open(sandbox_harness.__cached__, "rb") as f:
+            return f.read()[16:]  # after the .pyc header
+    except (OSError, TypeError):
+        with open(sandbox_harness.__file__) as f:
+            return marshal.dumps(compile(f.read(), "sandbox_harness.py", "exec"))
+
+
+_HARNESS_CODE = _harness_code()
 STDERR_TAIL = 2000  # bytes of stderr kept per attempt
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
-
-
-class _Libc:
-    """The syscalls the standard library lacks: mount, umount2 and prctl."""
-
-    def __init__(self) -> None:
-        import ctypes
-
-        self.ctypes = ctypes
-        self.lib = ctypes.CDLL(None, use_errno=True)
-
-    def mount(self, src: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
-        enc = lambda s: None if s is None else s.encode()
-        if self.lib.mount(enc(src), enc(target), enc(fstype), flags, enc(data or None)) != 0:
-            errno = self.ctypes.get_errno()
-            raise OSError(errno, f"mount {src} on {target}: {os.strerror(errno)}")
-
-    def umount(self, target: str) -> None:
-        self.lib.umount2(target.encode(), 2)  # MNT_DETACH; failing just means nothing was there
-
-    def unshare(self, flags: int) -> None:
-        if self.lib.unshare(flags) != 0:
-            errno = self.ctypes.get_errno()
-            raise OSError(errno, f"unshare: {os.strerror(errno)}")
-
-    def no_new_privs(self) -> None:
-        self.lib.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: setuid binaries gain nothing
-
-
-def isolate_fs(libc: _Libc) -> None:
-    """Private mounts, a fresh /proc, /root and /home hidden, every mount read-only and nosuid."""
-    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here reaches the host
-    libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    # The Python install must stay readable by the runner's uid even if it lives under /root.
-    # Resolve its paths before /tmp is covered: a venv under /tmp (a CI clone, say) links to it.
-    exe_dir = os.path.dirname(os.path.realpath(sys.executable))
-    prefixes: list[str] = []
-    for p in sorted({os.path.realpath(sys.base_prefix), exe_dir}):
-        if not any(p.startswith(q + "/") for q in prefixes):
-            prefixes.append(p)
-    libc.mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
-    os.makedirs(WORKDIR)
-    hidden = [d for d in ("/root", "/home") if os.path.isdir(d)]
-    hidden += [a for p in prefixes if (a := _closed_ancestor(p)) and a not in hidden]
-    buried = [p for p in prefixes if any(p.startswith(d + "/") for d in hidden)]
-    staged = [(f"/tmp/.py{i}", p) for i, p in enumerate(buried)]
-    for stage, prefix in staged:
-        os.mkdir(stage)
-        libc.mount(prefix, stage, None, _MS_BIND | _MS_REC)
-    for d in hidden:
-        libc.mount("tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
-    for stage, prefix in staged:
-        os.makedirs(prefix)
-        libc.mount(stage, prefix, None, _MS_MOVE)
-    _readonly_all(libc)
-
-
-def _closed_ancestor(path: str) -> str | None:
-    """The first directory above `path` that others cannot traverse (e.g. /root, mode 700)."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts)):
-        d = "/" + "/".join(parts[:i])
-        if not os.stat(d).st_mode & 0o001:
-            return d
-    return None
-
-
-def _readonly_all(libc: _Libc) -> None:
-    """Remount every mount in this namespace read-only and nosuid (devices keep working)."""
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split() for line in f]
-    # cgroup mounts stay writable for root only: the judge holds the job's cgroup files open for
-    # writing, which a read-only remount refuses (EBUSY); the runner's uid may not write there.
-    points = [m[4].encode().decode("unicode_escape") for m in mounts  # octal escapes
-              if m[m.index("-") + 1] not in ("cgroup", "cgroup2")]
-    for point in points:
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID
-        try:
-            libc.mount(None, point, None, flags)
-        except OSError:  # a mount with nodev/noexec must keep them when remounted
-            libc.mount(None, point, None, flags | _MS_NODEV | _MS_NOEXEC)
 
 
 class Attempt:
@@ -141,7 +73,7 @@ class Runner:
         judge.attempts += 1
         self.judge, self.workdir = judge, judge.fresh_workdir()
         job = _memfd(marshal.dumps({"code": judge.spec["code"], "nonce": judge.spec["nonce"],
-                                    "serve": stdin is None}))
+                                    "serve": stdin is None, "harness": _HARNESS_CODE}))
         if stdin is None:
             child_in, self.requests = os.pipe()
         else:
@@ -238,7 +170,7 @@ class Judge:
 
     def __init__(self, spec: dict) -> None:
         self.spec = spec
-        self.libc = _Libc() if spec["isolate"] else None
+        self.libc = sandbox_fs.Libc() if spec["isolate"] else None
         self.pid1 = os.getpid() == 1  # only then is kill(-1) confined to the job
         self.root = os.geteuid() == 0
         self.cpu_s = int(spec["timeout_s"] * (len(spec["tests"] or []) + 1)) + 1
@@ -333,7 +265,7 @@ class Judge:
             return workdir
         for target, opts in ((WORKDIR, f"uid={uid},gid={uid},mode=700"), ("/dev/shm", "mode=1777")):
             self.libc.umount(target)  # the previous attempt's files go with its tmpfs
-            self.libc.mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={TMPFS_MB}m,{opts}")
+            self.libc.mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMPFS_MB}m,{opts}")
         return WORKDIR
 
     def reap(self, pid: int) -> tuple[int, float]:
@@ -400,7 +332,7 @@ def _runner(judge: Judge, workdir: str, fds: list[int]) -> None:
             sys.modules.pop(__name__, None)
             code = sandbox_harness.main()
         else:
-            os.execve(sys.executable, [sys.executable, "-I", "-S", "-B", "-c", _HARNESS], {})
+            os.execve(sandbox_fs.EXECUTABLE, [sandbox_fs.EXECUTABLE, "-I", "-S", "-B", "-c", _BOOT], {})
     except BaseException as exc:
         os.write(2, f"sandbox: the runner did not start: {type(exc).__name__}: {exc}\n".encode())
     finally:
@@ -434,16 +366,18 @@ def _lock_down(judge: Judge, workdir: str, fds: list[int]) -> None:
         os.setresuid(uid, uid, uid)
     if judge.libc is not None:
         judge.libc.no_new_privs()
+        if judge.spec.get("seccomp"):
+            judge.libc.seccomp(judge.spec["seccomp"])
     os.chdir(workdir)
 
 
-def probe_main(libc: _Libc) -> dict[str, bool]:
+def probe_main(libc: sandbox_fs.Libc) -> dict[str, bool]:
     """In a fresh sandbox: check that each isolation mechanism really holds."""
     import socket
 
     found = {"pid_namespace": os.getpid() == 1}
     try:
-        isolate_fs(libc)
+        sandbox_fs.build_root(libc)
         found["mount_namespace"] = True
     except OSError:
         found["mount_namespace"] = False
@@ -464,10 +398,10 @@ def probe_main(libc: _Libc) -> dict[str, bool]:
 def main() -> None:
     """Read the job from stdin, run it, write the results to stdout."""
     if sys.argv[1:] == [PROBE_FLAG]:
-        os.write(1, marshal.dumps(probe_main(_Libc())))
+        os.write(1, marshal.dumps(probe_main(sandbox_fs.Libc())))
         return
     judge = Judge(marshal.loads(sys.stdin.buffer.read()))
     if judge.libc is not None:
-        isolate_fs(judge.libc)
+        sandbox_fs.build_root(judge.libc)
     sys.stdout.buffer.write(marshal.dumps({"tests": judge.run(), "attempts": judge.attempts}))
     sys.stdout.buffer.flush()
