@@ -11,15 +11,13 @@ v1 memory.failcnt and `oom_kill`), so a program that fails after reaching it is 
 
 cgroup v2 is used where the memory and pids controllers are delegated to our cgroup; a v1
 hierarchy (memory + pids mounted separately) otherwise; neither: `create` says why, and the
-sandbox falls back to rlimits alone. Standard library only: the judge imports this too.
+sandbox falls back to rlimits alone. Standard library only: the judge imports this too (so the
+host-side functions import what they need themselves).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import time
 
 ROOT = "/sys/fs/cgroup"
 
@@ -50,6 +48,8 @@ def _v2_base() -> str | None:
 
 def create(name: str, memory_mb: int, pids: int) -> tuple[dict | None, str]:
     """Make the job's cgroup with its limits: (job, "") or (None, why it is not available)."""
+    import contextlib
+
     if os.geteuid() != 0:
         return None, "not root"
     base = _v2_base()
@@ -91,6 +91,10 @@ def _write(path: str, name: str, value: int) -> None:
 
 def remove(job: dict) -> int:
     """Kill whatever is left in the job's cgroup and remove it; returns how many processes were left."""
+    import contextlib
+    import signal
+    import time
+
     left = 0
     for path in reversed(job["dirs"]):
         for _ in range(100):

@@ -7,17 +7,15 @@ builtins and standard library; every name the program defined is bound to a `Rem
 calls and attribute reads into requests to the runner. Replies are plain data (exact builtin
 types, rebuilt by `decode_value`) or an opaque handle, so every comparison, `isinstance`,
 `math.isclose` or loop in the test runs on values the program cannot make lie, and the test's
-literals never reach the program. Standard library only: this runs inside the judge.
+literals never reach the program. Standard library only, and nothing slow to import (typing,
+collections): this runs inside the judge, once per job.
 """
 
 from __future__ import annotations
 
 import builtins
-import json
 import marshal
 import sys
-from collections.abc import Callable
-from typing import Any
 
 # Exceptions a program's reply may name that a test may catch: the builtin ones, rebuilt here.
 _CATCHABLE = {name: cls for name, cls in vars(builtins).items()
@@ -47,21 +45,21 @@ class Remote:
         object.__setattr__(self, "_target", target)
         object.__setattr__(self, "_label", label)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         return self._conn.request("call", self._target, (args, kwargs))
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name.startswith("__"):
             raise AttributeError(name)
         return self._conn.request("get", self._target, name)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> object:
         return iter(self._conn.request("list", self._target, None))
 
     def __repr__(self) -> str:
         return f"<program object {self._label}>"
 
-    def _refuse(self, *args: Any) -> Any:
+    def _refuse(self, *args: object) -> object:
         raise NotPlainData(f"the program's {self._label} is not plain data and cannot be compared or tested")
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _refuse
@@ -71,10 +69,10 @@ class Remote:
 class Connection:
     """Requests to one runner, through `send` (a callable of the judge); remembers why it stopped."""
 
-    def __init__(self, send: Callable[[tuple], tuple[str, str] | str]) -> None:
+    def __init__(self, send: object) -> None:
         self.send, self.seq, self.stopped = send, 0, ""
 
-    def request(self, op: str, target: str | int, arg: Any) -> Any:
+    def request(self, op: str, target: str | int, arg: object) -> object:
         if self.stopped:
             raise Stop(self.stopped)
         if op == "call":
@@ -119,7 +117,7 @@ def evaluate(source: str, conn: Connection, names: dict[str, str]) -> tuple[str,
     A test name that is a builtin stays the builtin, whatever the program defines.
     """
     code = compile(source, "<test>", "exec")
-    scope: dict[str, Any] = {"__name__": "__test__", "__builtins__": builtins}
+    scope: dict[str, object] = {"__name__": "__test__", "__builtins__": builtins}
     try:
         for name in _free_names(code):
             if name in names and not hasattr(builtins, name):
@@ -166,7 +164,7 @@ def _stopped(conn: Connection) -> tuple[str, str] | None:
     return reason, why
 
 
-def _free_names(code: Any) -> list[str]:
+def _free_names(code: object) -> list[str]:
     names, stack = [], [code]
     while stack:  # nested code too: functions, comprehensions and lambdas in the test
         c = stack.pop()
@@ -185,12 +183,49 @@ def _failed_line(source: str, exc: BaseException) -> str:
     return lines[line - 1].strip()[:200] if 0 < line <= len(lines) else "assert"
 
 
-def decode_value(text: str) -> Any:
-    """Rebuild a value from `sandbox_harness.encode`'s tagged JSON (untrusted input, never executed)."""
-    return _untag(json.loads(text))
+def decode_value(text: str) -> object:
+    """Rebuild a value from `sandbox_harness.encode`'s tagged JSON (untrusted input, never executed).
+
+    A small parser for exactly what `encode` writes (arrays, numbers, null/true/false, Infinity,
+    NaN, and strings that are tags or hex, so never an escape): `json` would cost the judge the
+    import of `re` and `enum` on every job. Malformed text raises ValueError or IndexError.
+    """
+    value, end = _parse(text, 0)
+    if end != len(text):
+        raise ValueError(f"trailing data at {end}")
+    return _untag(value)
 
 
-def _untag(x: Any) -> Any:
+_CONSTANTS = {"null": None, "true": True, "false": False, "Infinity": float("inf"), "-Infinity": float("-inf"),
+              "NaN": float("nan")}
+
+
+def _parse(s: str, i: int) -> tuple[object, int]:
+    if s[i] == "[":
+        items, i = [], i + 1
+        if s[i] == "]":
+            return items, i + 1
+        while True:
+            item, i = _parse(s, i)
+            items.append(item)
+            if s[i] == "]":
+                return items, i + 1
+            if s[i] != ",":
+                raise ValueError(f"expected ',' or ']' at {i}")
+            i += 1
+    if s[i] == '"':
+        end = s.index('"', i + 1)
+        return s[i + 1:end], end + 1
+    end = i
+    while end < len(s) and s[end] not in ",]":
+        end += 1
+    token = s[i:end]
+    if token in _CONSTANTS:
+        return _CONSTANTS[token], end
+    return (float(token) if "." in token or "e" in token else int(token)), end
+
+
+def _untag(x: object) -> object:
     if not isinstance(x, list):
         return x
     tag, items = x[0], x[1:]

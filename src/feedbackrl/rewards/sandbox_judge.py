@@ -5,7 +5,7 @@ Started by `sandbox.run_program` as `unshare ... python -I -S -B -c "...; sandbo
 stdin; writes {"tests": [...], "attempts": n} (marshal) to stdout. The judge runs only our code,
 as root: it isolates the filesystem, then forks one runner per attempt, which drops to the job's
 uid and runs `sandbox_harness.run`. Standard library only, and no module that is slow to import
-(dataclasses, tempfile, ...: every execution pays for them). Threat model: `sandbox.py`.
+(dataclasses, tempfile, typing, signal, collections, ...: every execution pays for them). Threat model: `sandbox.py`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import _signal
 import marshal
 import os
 import select
-import signal
 import sys
 import time
-from collections.abc import Callable
 
 # Siblings: the launcher puts our directory on sys.path, then takes it off.
 import sandbox_cgroup
@@ -92,7 +90,7 @@ class Runner:
         self.open_fds, self.total, self.end, self.msgs, self.parsed = set(self.fds), 0, None, [], 0
         self.events = judge.memory_events()
 
-    def pump(self, deadline: float, want: Callable[[], bool]) -> bool:
+    def pump(self, deadline: float, want: object) -> bool:
         """Read the pipes until `want()` holds (True) or the runner exits, overruns or overwrites."""
         cap = self.judge.spec["max_output_bytes"]
         while not want():
@@ -233,8 +231,8 @@ class Judge:
             if not self.shielded:
                 raise sandbox_checks.Stop("timeout")
 
-        signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, self.spec["timeout_s"])
+        _signal.signal(_signal.SIGALRM, alarm)
+        _signal.setitimer(_signal.ITIMER_REAL, self.spec["timeout_s"])
         try:
             reason, detail = sandbox_checks.evaluate(source, conn, names)
             decided = "judge"
@@ -243,7 +241,7 @@ class Judge:
                 reason, detail = sandbox_checks.evaluate_inside(source, conn)
         finally:
             self.shielded = True
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            _signal.setitimer(_signal.ITIMER_REAL, 0)
             self.shielded = False
         result = {"outcome": reason, "detail": detail, "decided": decided}
         if conn.stopped and not died and not conn.stopped.startswith("undecidable"):
