@@ -52,7 +52,7 @@ class LockStep:
 
 
 def run_feedbackrl(args: argparse.Namespace) -> dict[str, Any]:
-    import feedbackrl.train.online as online
+    import feedbackrl.train.grpo as online
     from feedbackrl.config import build_config
     from feedbackrl.models.load import load_policy, load_tokenizer
 

@@ -1,6 +1,6 @@
 """Shared pieces of the speed benchmarks: the models, the GRPO toy task, FLOP counts, worker plumbing.
 
-Everything here mirrors ../shared/baselines/trl-cpu (bench_trl.py, make_tiny_model.py) so that
+Everything here mirrors the TRL CPU baseline's scripts (bench_trl.py, make_tiny_model.py) so that
 feedbackrl and TRL see the same models, tokenizer, prompts, reward and hyperparameters.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, Verdict
 
 RESULT_TAG = "BENCH_RESULT "  # a worker's last stdout line: this tag, then its JSON result
@@ -69,7 +70,7 @@ def gen_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 @dataclass
-class SumTask:
+class SumTask(Task):
     """The baseline's GRPO task: 'a+b=' with a, b in 10..99; reward 1 if the completion starts with a+b.
 
     Same prompt distribution and reward as bench_trl.py's `make_grpo_dataset` and `sum_reward`.

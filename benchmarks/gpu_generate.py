@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
+from feedbackrl.models.logprobs import encode_prompts
 from feedbackrl.models.tiny import build_model, build_tokenizer
-from feedbackrl.rollout.generate import encode_prompts, generate
+from feedbackrl.rollout.generate import generate
 
 PROMPTS = ["".join(chr(97 + (i * 7 + j * 3) % 26) for j in range(12)) for i in range(64)]
 NEW = 128

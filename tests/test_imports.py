@@ -19,7 +19,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(feedbackrl.__path__, "fee
 
 
 def test_the_walk_finds_the_foundation():
-    for name in ("feedbackrl.algos.advantages", "feedbackrl.train.online", "feedbackrl.cli",
+    for name in ("feedbackrl.algos.advantages", "feedbackrl.train.grpo", "feedbackrl.cli",
                  "feedbackrl.envs.procedural.addition", *SANDBOX_SCRIPTS):
         assert name in MODULES
 

@@ -7,8 +7,10 @@ The prompts are padded to different lengths (masks), and the Qwen model has GQA 
 import pytest
 import torch
 
+from feedbackrl.models import logprobs as lp_mod
+from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.rollout import generate as gen_mod
-from feedbackrl.rollout.generate import generate, sequence_logprobs
+from feedbackrl.rollout.generate import generate
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -61,9 +63,9 @@ def test_the_fast_training_forward_on_the_gpu_matches_the_hf_forward(model_name,
         (lp.sum() / ro.completion_mask.sum()).backward()
         return lp.detach(), {n: p.grad.detach().clone() for n, p in gpu.named_parameters() if p.grad is not None}
 
-    assert gen_mod._train_fast_path_ok(gpu)
+    assert lp_mod.train_fast_path_ok(gpu)
     fast_lp, fast_grads = logprobs_and_grads()
-    monkeypatch.setattr(gen_mod, "_train_fast_path_ok", lambda model: False)
+    monkeypatch.setattr(lp_mod, "train_fast_path_ok", lambda model: False)
     hf_lp, hf_grads = logprobs_and_grads()
     torch.testing.assert_close(fast_lp, hf_lp, rtol=0, atol=1e-4)
     assert fast_grads.keys() == hf_grads.keys()

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from feedbackrl.rollout.generate import _top_p_filter, generate, positions, sequence_logprobs
+from feedbackrl.models.logprobs import positions, sequence_logprobs
+from feedbackrl.rollout.generate import _top_p_filter, generate
 
 # Different lengths, so the batch is left-padded.
 PROMPTS = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!"]

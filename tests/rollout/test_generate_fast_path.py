@@ -7,20 +7,21 @@ only reorganises the work (static cache, fused matmuls), it never changes the ma
 import pytest
 import torch
 
+from feedbackrl.models.logprobs import encode_prompts, fast_path_ok, positions, sequence_logprobs
 from feedbackrl.rollout import generate as gen_mod
-from feedbackrl.rollout.generate import _empty_huge_pages, _fast_path_ok, _sample, generate, sequence_logprobs
+from feedbackrl.rollout.generate import _empty_huge_pages, _sample, generate
 
 PROMPTS = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!"]  # different lengths: left padding
 
 
 def generic(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gen_mod, "_fast_path_ok", lambda model: False)
+    monkeypatch.setattr(gen_mod, "fast_path_ok", lambda model: False)
 
 
 @pytest.mark.parametrize("model_name", ["peaked_lm", "peaked_qwen"])
 def test_fast_path_samples_what_the_generic_path_samples(model_name, tokenizer, request, monkeypatch):
     model = request.getfixturevalue(model_name)
-    assert _fast_path_ok(model)
+    assert fast_path_ok(model)
     fast = generate(model, tokenizer, PROMPTS * 4, 10, temperature=0.8, generator=torch.Generator().manual_seed(3))
     generic(monkeypatch)
     slow = generate(model, tokenizer, PROMPTS * 4, 10, temperature=0.8, generator=torch.Generator().manual_seed(3))
@@ -73,14 +74,14 @@ def test_min_new_tokens_only_bans_the_first_steps(peaked_lm, tokenizer):
 
 
 def test_fast_path_only_for_unmodified_float32_llama_family(peaked_lm):
-    assert _fast_path_ok(peaked_lm)
+    assert fast_path_ok(peaked_lm)
     handle = peaked_lm.model.layers[0].mlp.up_proj.register_forward_hook(lambda *a: None)
     try:
-        assert not _fast_path_ok(peaked_lm), "a hook (e.g. an adapter) changes the maths"
+        assert not fast_path_ok(peaked_lm), "a hook (e.g. an adapter) changes the maths"
     finally:
         handle.remove()
     try:
-        assert not _fast_path_ok(peaked_lm.double()), "HF's RMSNorm runs in float32 even for float64 models"
+        assert not fast_path_ok(peaked_lm.double()), "HF's RMSNorm runs in float32 even for float64 models"
     finally:
         peaked_lm.float()
 
@@ -106,7 +107,7 @@ def test_sequence_logprobs_ignore_completion_padding(peaked_lm, tokenizer):
     mask = torch.cat([ro.prompt_mask, ro.completion_mask], dim=1)
     p = ro.prompt_ids.shape[1]
     with torch.no_grad():
-        logits = peaked_lm(input_ids=ids, attention_mask=mask, position_ids=gen_mod.positions(mask)).logits
+        logits = peaked_lm(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
         want = torch.log_softmax(logits[:, p - 1 : -1] / 5.0, -1).gather(-1, ro.completion_ids[..., None])[..., 0]
         got, _ = sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
                                    temperature=5.0)
@@ -127,12 +128,12 @@ def test_prefill_runs_each_distinct_prompt_once_and_fills_every_row(model_name, 
     # GRPO repeats every prompt G times: the prefill runs the distinct ones and copies their keys and values
     model = request.getfixturevalue(model_name)
     prompts = ["7+85=", "Hello, world!", "7+85=", "1+1=", "Hello, world!", "7+85="]  # repeats, not adjacent
-    ids, mask = gen_mod.encode_prompts(tokenizer, prompts)
-    pos = gen_mod.positions(mask)
+    ids, mask = encode_prompts(tokenizer, prompts)
+    pos = positions(mask)
     with torch.no_grad():
         shared = gen_mod._LlamaDecoder(model, mask, 4)
         logits = shared.prefill(ids, pos)
-        monkeypatch.setattr(gen_mod, "_shared_prompts", lambda *a: None)
+        monkeypatch.setattr(gen_mod, "shared_prompts", lambda *a: None)
         per_row = gen_mod._LlamaDecoder(model, mask, 4)
         want = per_row.prefill(ids, pos)
         p = ids.shape[1]
@@ -147,12 +148,12 @@ def test_autocast_takes_the_models_own_forward(peaked_lm, tokenizer):
     """Under bf16 autocast the fast paths (float32 buffers, custom autograd functions) step aside."""
     ro = generate(peaked_lm, tokenizer, PROMPTS, 4, generator=torch.Generator().manual_seed(0))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not _fast_path_ok(peaked_lm)
+        assert not fast_path_ok(peaked_lm)
         lp, _ = sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
         lp.sum().backward()  # crashed in the fast path's custom backward (mixed dtypes)
         again = generate(peaked_lm, tokenizer, PROMPTS, 4, generator=torch.Generator().manual_seed(0))
     peaked_lm.zero_grad(set_to_none=True)
-    assert _fast_path_ok(peaked_lm)
+    assert fast_path_ok(peaked_lm)
     assert again.completion_ids.shape[0] == len(PROMPTS)
     torch.testing.assert_close(lp.float(), sequence_logprobs(peaked_lm, ro.prompt_ids, ro.prompt_mask,
                                                              ro.completion_ids, ro.completion_mask)[0].detach(),

@@ -12,7 +12,7 @@ from feedbackrl.envs.adaptive import AdaptiveTask, adaptive_reverse
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.train.checkpoint import load_trainer_state
-from feedbackrl.train.online import train_grpo
+from feedbackrl.train.grpo import train_grpo
 
 
 def config(steps: int) -> RunConfig:

@@ -22,7 +22,7 @@ from feedbackrl.train.checkpoint import (
     read_config_json,
     resolve_resume,
 )
-from feedbackrl.train.online import train_grpo
+from feedbackrl.train.grpo import train_grpo
 
 COMPLETION_LEN = 4
 

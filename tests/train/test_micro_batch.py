@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import feedbackrl.train.online as online
+import feedbackrl.train.grpo as online
 from feedbackrl.config import ConfigError, build_config
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.log import MemorySink

@@ -2,7 +2,7 @@ import copy
 
 import torch
 
-from feedbackrl.rollout.generate import _fast_path_ok, encode_prompts, sequence_logprobs
+from feedbackrl.models.logprobs import encode_prompts, fast_path_ok, sequence_logprobs
 from feedbackrl.train.ppo import logprobs_and_values, make_value_head
 
 
@@ -17,4 +17,4 @@ def test_ppo_forward_leaves_the_policy_on_the_fast_decode_path(peaked_lm, tokeni
     want, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert values.shape == (2, 3)
-    assert _fast_path_ok(model)
+    assert fast_path_ok(model)

@@ -95,7 +95,7 @@ class DifficultyController:
 
 
 @dataclass
-class AdaptiveTask:
+class AdaptiveTask(Task):
     """Training problems at the controller's level, held-out problems at `eval_level`.
 
     `levels` maps each difficulty level to the task that writes its problems; the levels must be

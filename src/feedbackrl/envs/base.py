@@ -1,14 +1,24 @@
 """What a task is: where prompts come from and how completions are judged.
 
 A `Task` hands out training problems from its own seeded stream, a fixed held-out set for
-evaluation, and a verdict for each completion. Procedural tasks can also write (possibly noisy)
-demonstrations for SFT warm starts. Tasks with internal state (adaptive difficulty) expose
-`state_dict`/`load_state_dict` so a checkpoint can resume them exactly.
+evaluation, and a verdict for each completion. Tasks subclass the protocol to inherit the defaults
+of its optional parts, so the training loop calls every method on every task (no capability
+checks):
+
+- `verify_batch`: one `verify` per completion; a task with a parallel verifier (code: many
+  sandboxes at once) overrides it.
+- `observe`: a training batch's verdicts; adaptive tasks move their difficulty, others ignore it.
+- `difficulty`: the current difficulty level, or None for tasks without one.
+- `state_dict` / `load_state_dict`: internal state a checkpoint must carry (None = none).
+
+Procedural tasks can also write (possibly noisy) demonstrations for SFT warm starts
+(`Demonstrates`).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from feedbackrl.rewards.verdict import Problem, Verdict
@@ -30,22 +40,30 @@ class Task(Protocol):
         """Judge a completion. Never raises on malformed completions."""
         ...
 
+    def verify_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
+        """Judge many completions; the same verdicts as `verify` on each, possibly in parallel."""
+        return [self.verify(p, c) for p, c in zip(problems, completions, strict=True)]
+
+    def observe(self, problems: Sequence[Problem], verdicts: Sequence[Verdict]) -> None:
+        """Feed back the verdicts of a training batch (adaptive difficulty uses pass rates)."""
+        return None
+
+    @property
+    def difficulty(self) -> int | None:
+        """The difficulty level training problems are drawn at now; None for tasks without levels."""
+        return None
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """State a checkpoint must carry to resume the task exactly; None for stateless tasks."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            raise ValueError(f"task {self.name!r} has no state to restore, got {sorted(state)}")
+
 
 @runtime_checkable
 class Demonstrates(Protocol):
     """Tasks that can write a demonstration (used for SFT warm starts)."""
 
     def demonstrate(self, problem: Problem, rng: random.Random) -> str: ...
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    """Tasks whose state must be checkpointed (e.g. adaptive difficulty)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def observe(self, problems: list[Problem], verdicts: list[Verdict]) -> None:
-        """Feed back the verdicts of a training batch (adaptive difficulty uses pass rates)."""
-        ...

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
 _MAX_DRAWS_PER_PROBLEM = 200  # a training draw gives up after this many held-out questions in a row
@@ -93,7 +94,7 @@ def create_rg_dataset(dataset: str, config: dict[str, Any], seed: int, size: int
 
 
 @dataclass
-class ReasoningGymTask:
+class ReasoningGymTask(Task):
     """Problems from reasoning-gym generator `dataset` built with `config` (its config dataclass's keys).
 
     `size` is the index space of each stream; generators that build every item up front (acre,

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.load import ModelLoadError, load_policy, load_tokenizer
-from feedbackrl.rollout.generate import positions
+from feedbackrl.models.logprobs import positions
 
 MARKER = "reward_model.json"
 HEAD_FILE = "reward_head.safetensors"

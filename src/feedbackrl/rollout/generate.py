@@ -24,7 +24,6 @@ sampled from, before top-p filtering and EOS suppression (`min_new_tokens`), mat
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import mmap
 from dataclasses import dataclass
@@ -34,8 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from feedbackrl.models.llama_forward import cat_or_none, rope_pair_rows, shared_prompts
+from feedbackrl.models.logprobs import accepts, encode_prompts, fast_path_ok, positions
 from feedbackrl.rollout import native
-from feedbackrl.rollout.llama_forward import _cat_or_none, _shared_prompts, completion_logits, rope_pair_rows
 
 
 @dataclass
@@ -49,23 +49,9 @@ class Rollout:
     truncated: Tensor  # (N,) bool: hit max_new_tokens without EOS
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tuple[Tensor, Tensor]:
-    enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
-    return enc["input_ids"], enc["attention_mask"]
-
-
-def positions(mask: Tensor) -> Tensor:
-    """Position ids for left-padded rows: 0 at the first real token."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _accepts(model: PreTrainedModel, arg: str) -> bool:
-    return arg in inspect.signature(model.forward).parameters
-
-
 def _cache_kwarg(model: PreTrainedModel) -> str:
     # transformers 5.x renamed `past_key_values` to `cache` (the old name warns until 5.40).
-    return "cache" if _accepts(model, "cache") else "past_key_values"
+    return "cache" if accepts(model, "cache") else "past_key_values"
 
 
 def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
@@ -94,45 +80,6 @@ class _HFDecoder:
         self.seen += tokens.shape[1]
         return self.model(input_ids=tokens, attention_mask=self.mask[:, : self.seen], position_ids=pos,
                           use_cache=True, **self.cache).logits[:, -1]
-
-
-_FAST_MODEL_TYPES = ("llama", "qwen2")
-_STATIC_ROPE = ("default", "linear", "llama3")  # RoPE tables that depend on the position only
-
-
-def _fast_path_ok(model: PreTrainedModel) -> bool:
-    """True for unmodified Llama/Qwen2 models whose maths `_LlamaDecoder` reproduces exactly."""
-    cfg = model.config
-    inner = getattr(model, "model", None)
-    # under autocast the matmuls would run in bf16/fp16 against our float32 buffers: the model's own forward handles it
-    if torch.is_autocast_enabled(model.device.type):
-        return False
-    if cfg.model_type not in _FAST_MODEL_TYPES or inner is None or not hasattr(inner, "layers"):
-        return False
-    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
-    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
-    if rope not in _STATIC_ROPE or set(layer_types) != {"full_attention"} or cfg.hidden_act != "silu":
-        return False
-    # float32 only: transformers' RMSNorm computes in float32 whatever the dtype, F.rms_norm does not
-    head = model.get_output_embeddings()
-    if model.dtype != torch.float32 or type(head) is not nn.Linear or head.bias is not None:
-        return False
-    linears = [getattr(m, name) for layer in inner.layers
-               for m, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                                (layer.mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names]
-    # adapters (LoRA), hooks or custom norms change the maths: those models take the generic path
-    no_hooks = all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
-    return no_hooks and all(type(m) is nn.Linear for m in linears)
-
-
-def _train_fast_path_ok(model: PreTrainedModel) -> bool:
-    """`llama_forward.completion_logits` reproduces the model's training forward: no dropout, no checkpointing."""
-    # transformers 5.2x renamed is_gradient_checkpointing (now a deprecated alias) to is_activation_checkpointing
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
-        "is_gradient_checkpointing"
-    if getattr(model, name, False) or not _fast_path_ok(model):
-        return False
-    return not (model.training and getattr(model.config, "attention_dropout", 0.0))
 
 
 def _empty_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
@@ -216,12 +163,12 @@ class _LlamaDecoder:
         self.layers = []
         for layer in inner.layers:  # copies: weights change between rollouts, so rebuilt per call
             at, mlp = layer.self_attn, layer.mlp
-            b_qkv = _cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+            b_qkv = cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
             self.layers.append((
                 folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj, rows=rows),
                 None if b_qkv is None else b_qkv[rows], plain(at.o_proj), at.o_proj.bias,
                 folded(layer.post_attention_layernorm.weight, mlp.gate_proj, mlp.up_proj),
-                _cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), plain(mlp.down_proj), mlp.down_proj.bias))
+                cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), plain(mlp.down_proj), mlp.down_proj.bias))
         self.lm_head = folded(inner.norm.weight, model.get_output_embeddings())
         total = p + max_new_tokens
         cache = _empty_huge_pages((len(self.layers), 2, n, self.kv_heads, total, d), self.embed.dtype, dev)
@@ -229,7 +176,7 @@ class _LlamaDecoder:
         # RoPE for every position this call can reach, from the model's own rotary module
         cos, sin = (t[0] for t in inner.rotary_emb(self.embed, torch.arange(total, device=dev)[None]))
         if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
-            raise ValueError("RoPE tables are not cat(freqs, freqs): _fast_path_ok should have refused this model")
+            raise ValueError("RoPE tables are not cat(freqs, freqs): fast_path_ok should have refused this model")
         self.rot = torch.complex(cos[:, :half], sin[:, :half])  # (P + T, D/2)
         # Attention masks, built once. Without prompt padding every key is visible: no mask at all,
         # which is exact and lets SDPA skip reading one (about 2x faster attention for one query).
@@ -268,7 +215,7 @@ class _LlamaDecoder:
         A prompt's keys, values and last logits do not depend on the row it sits in: the distinct rows
         run through the layers and their keys and values are copied to every row of the cache.
         """
-        shared = _shared_prompts(tokens, self.prompt_mask, tokens.shape[1])
+        shared = shared_prompts(tokens, self.prompt_mask, tokens.shape[1])
         if shared is None:
             return self(tokens, pos)
         first, inverse = shared
@@ -392,7 +339,7 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     try:
         # an empty prompt (all padding) takes HF's forward: HF attends uniformly over an all-masked row's keys
         # (the mask's large negative swamps the scores), which the fast path's boolean masks do not reproduce
-        fast = _fast_path_ok(model) and bool(prompt_mask.any(1).all())
+        fast = fast_path_ok(model) and bool(prompt_mask.any(1).all())
         decoder = (_LlamaDecoder if fast else _HFDecoder)(model, prompt_mask, max_new_tokens)
         logits = decoder.prefill(prompt_ids, positions(prompt_mask))
         pos = positions(prompt_mask)[:, -1:]
@@ -417,36 +364,3 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
                                    skip_special_tokens=True)
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, logps * completion_mask, texts,
                    ~is_eos.bool().any(dim=1))
-
-
-def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                      completion_mask: Tensor, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Per-token log-probs (N, T) of the completion tokens under `model` (one forward pass).
-
-    Also returns per-token entropy (N, T) of the tempered distribution when asked. Models that the
-    fast decode path accepts train through `llama_forward.completion_logits` (same maths, fewer
-    passes over memory), unless dropout or gradient checkpointing is on; others through their own forward.
-    """
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    # Completion padding sits after the real tokens, so causal attention never lets a real token see
-    # it: masking the prompt's left padding alone gives the same real-token logits, and an all-ones
-    # mask (no prompt padding) lets the model skip building a 4-D mask and use causal attention.
-    mask = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)
-    t = completion_ids.shape[1]
-    if _train_fast_path_ok(model) and bool(prompt_mask.any(1).all()):  # an empty prompt: HF's forward, as in generate
-        logits = completion_logits(model, ids, mask, positions(mask), t)
-    else:
-        # only the last T + 1 positions predict completion tokens: skip the LM head on the rest of the prompt
-        keep = {"logits_to_keep": t + 1} if _accepts(model, "logits_to_keep") else {}
-        # use_cache=False: HF models default to building a KV cache even in a training forward
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep)
-        logits = out.logits[:, -t - 1 : -1]  # predictions for each completion token
-    logits = logits.float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * completion_mask
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * completion_mask
-    return logprobs, entropy

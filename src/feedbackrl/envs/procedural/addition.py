@@ -18,6 +18,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
 _INT = re.compile(r"-?\d+")
@@ -37,7 +38,7 @@ def _is_heldout(a: int, b: int) -> bool:
 
 
 @dataclass
-class AdditionTask:
+class AdditionTask(Task):
     """Sums of two non-negative integers with up to `digits` digits each."""
 
     digits: int = 2

@@ -20,6 +20,7 @@ import random
 import zlib
 from dataclasses import dataclass
 
+from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
 
@@ -28,7 +29,7 @@ def _is_heldout(word: str) -> bool:
 
 
 @dataclass
-class ReverseTask:
+class ReverseTask(Task):
     """Words of `min_len`..`max_len` letters drawn from the first `alphabet_size` lowercase letters."""
 
     min_len: int = 3

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from feedbackrl.rollout import generate as gen_mod
-from feedbackrl.rollout.generate import _train_fast_path_ok, encode_prompts, sequence_logprobs
-from feedbackrl.rollout.llama_forward import _shared_prompts
+from feedbackrl.models import logprobs as lp_mod
+from feedbackrl.models.llama_forward import shared_prompts
+from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs, train_fast_path_ok
 
 PROMPTS = ["12+3=", "7+85=", "1+1=", "99+99=", "Hello, world!", "a"]  # different lengths: left padding
 
@@ -66,7 +66,7 @@ def _batch(tokenizer, prompts: list[str], t: int, seed: int = 0) -> tuple[torch.
 
 def _run(model, batch, fast: bool, monkeypatch: pytest.MonkeyPatch, temperature: float = 0.7):
     """Log-probs, entropy and every parameter's gradient of a loss weighting each token differently."""
-    monkeypatch.setattr(gen_mod, "_train_fast_path_ok", _train_fast_path_ok if fast else (lambda model: False))
+    monkeypatch.setattr(lp_mod, "train_fast_path_ok", train_fast_path_ok if fast else (lambda model: False))
     model.zero_grad(set_to_none=True)
     logprobs, entropy = sequence_logprobs(model, *batch, temperature=temperature, with_entropy=True)
     weights = torch.linspace(-1.0, 2.0, logprobs.numel()).view_as(logprobs)
@@ -118,11 +118,11 @@ SHARING = {"shared": PROMPTS * 2, "partly": PROMPTS + PROMPTS[1:3] + PROMPTS[2:0
 @pytest.mark.parametrize("model_name", ["peaked_lm", "qwen_gqa", "llama_biases"])
 def test_fast_forward_matches_hf_logprobs_entropy_and_gradients(model_name, sharing, tokenizer, request, monkeypatch):
     model = request.getfixturevalue(model_name).train()
-    assert _train_fast_path_ok(model)
+    assert train_fast_path_ok(model)
     batch = _batch(tokenizer, SHARING[sharing], 9)
     assert (batch[1] == 0).any() and (batch[3] == 0).any(), "need left-padded prompts and padded completions"
     ids, mask = torch.cat([batch[0], batch[2]], 1), torch.cat([batch[1], torch.ones_like(batch[3])], 1)
-    found = _shared_prompts(ids, mask, batch[0].shape[1])
+    found = shared_prompts(ids, mask, batch[0].shape[1])
     assert (found is None) if sharing == "distinct" else len(found[0]) == len(PROMPTS)
     _compare(model, batch, monkeypatch)
 
@@ -157,9 +157,9 @@ def test_fast_forward_without_grad_matches(qwen_gqa, tokenizer):
     batch = _batch(tokenizer, PROMPTS, 5)
     with torch.no_grad():
         lp, _ = sequence_logprobs(qwen_gqa, *batch, temperature=1.3)
-        assert gen_mod._train_fast_path_ok(qwen_gqa)
+        assert lp_mod.train_fast_path_ok(qwen_gqa)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(gen_mod, "_train_fast_path_ok", lambda model: False)
+            mp.setattr(lp_mod, "train_fast_path_ok", lambda model: False)
             want, _ = sequence_logprobs(qwen_gqa, *batch, temperature=1.3)
     torch.testing.assert_close(lp, want, rtol=1e-5, atol=1e-5)
 
@@ -168,15 +168,15 @@ def test_dropout_checkpointing_and_hooks_take_the_hf_forward(tokenizer):
     from feedbackrl.models.tiny import build_model
 
     model = build_model(tokenizer, "tiny", seed=0).train()
-    assert _train_fast_path_ok(model)
+    assert train_fast_path_ok(model)
     model.config.attention_dropout = 0.1
-    assert not _train_fast_path_ok(model), "dropout while training: the fast path has none"
-    assert _train_fast_path_ok(model.eval()), "dropout is off in eval mode"
+    assert not train_fast_path_ok(model), "dropout while training: the fast path has none"
+    assert train_fast_path_ok(model.eval()), "dropout is off in eval mode"
     model.config.attention_dropout = 0.0
     handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: None)
-    assert not _train_fast_path_ok(model.train()), "a hook (e.g. an adapter) changes the maths"
+    assert not train_fast_path_ok(model.train()), "a hook (e.g. an adapter) changes the maths"
     handle.remove()
-    assert _train_fast_path_ok(model)
+    assert train_fast_path_ok(model)
     # transformers 5.2x renamed gradient_checkpointing_enable (older 5.x have only that name)
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    assert not _train_fast_path_ok(model), "checkpointing trades time for memory on purpose"
+    assert not train_fast_path_ok(model), "checkpointing trades time for memory on purpose"

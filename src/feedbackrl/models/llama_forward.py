@@ -1,12 +1,12 @@
 """A differentiable Llama/Qwen2 forward for training, run straight from the module weights.
 
 `sequence_logprobs` (the training forward of GRPO, PPO, DPO and SFT) uses it for the models that
-`generate`'s fast decode path accepts (`_fast_path_ok`: Llama or Qwen2 without sliding windows,
+`rollout.generate`'s fast decode path accepts (`logprobs.fast_path_ok`: Llama or Qwen2 without sliding windows,
 float32, plain `nn.Linear`s, no hooks) when no dropout is active and gradient checkpointing is
 off; every other model runs its own `forward`. The maths is transformers' `LlamaDecoderLayer`:
 RMSNorm, RoPE via rotate_half, causal softmax attention, SiLU-gated MLP, residuals. Gradients flow
 into the model's own `nn.Parameter`s, so optimizers and checkpoints see nothing different;
-tests/rollout/test_llama_forward.py checks log-probs and every parameter's gradient against the
+tests/models/test_llama_forward.py checks log-probs and every parameter's gradient against the
 HF forward.
 
 What differs is the bookkeeping. On a CPU the training forward/backward of these small models is
@@ -30,7 +30,7 @@ in its own zero-filled full-size buffer.) Here:
 - residuals are added by `addmm`;
 - the LM head runs on the T positions that predict completion tokens only;
 - rows with the same prompt (a GRPO group of G samples, a DPO pair) run its positions once and
-  their completions attend to that one copy (`_shared_prompts`): on the benchmark's GRPO batch
+  their completions attend to that one copy (`shared_prompts`): on the benchmark's GRPO batch
   (8 prompts x 8, 6 + 16 tokens) that is 24% fewer rows through every matmul.
 """
 
@@ -165,7 +165,7 @@ class _GatedMLP(torch.autograd.Function):
                 dg.sum(0) if has_bg else None, du.sum(0) if has_bu else None, grad.sum(0) if has_bd else None)
 
 
-def _cat_or_none(tensors: list[Tensor | None]) -> Tensor | None:
+def cat_or_none(tensors: list[Tensor | None]) -> Tensor | None:
     return None if any(t is None for t in tensors) else torch.cat(tensors)
 
 
@@ -190,7 +190,7 @@ def _attention_mask(mask: Tensor) -> dict[str, Tensor | bool]:
     return {"attn_mask": (torch.ones(s, s, dtype=torch.bool, device=mask.device).tril() & keep)[:, None]}
 
 
-def _shared_prompts(ids: Tensor, mask: Tensor, p: int) -> tuple[Tensor, Tensor] | None:
+def shared_prompts(ids: Tensor, mask: Tensor, p: int) -> tuple[Tensor, Tensor] | None:
     """Rows whose first p tokens (and mask) are identical: (one row index per distinct prompt (U,), each row's
     distinct prompt (N,)), or None when every prompt is distinct (or there is no prompt)."""
     if p == 0:
@@ -218,7 +218,7 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
     """Logits (N, T, V) predicting the last T tokens of `ids` (N, S), as `model(...).logits[:, -T-1:-1]`.
 
     `mask` (N, S) is 0 on left padding only; `pos` (N, S) the position ids. The caller checks the
-    model is eligible (`generate._fast_path_ok`, no dropout, no gradient checkpointing).
+    model is eligible (`logprobs.train_fast_path_ok`: no dropout, no gradient checkpointing).
 
     Rows that share their prompt (a GRPO group, a DPO pair) run the prompt positions once: the
     prompt's hidden states do not depend on what follows it (causal attention), so the completions
@@ -233,7 +233,7 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
     eps, half = cfg.rms_norm_eps, d // 2
     embed = inner.embed_tokens.weight
-    shared = _shared_prompts(ids, mask, p) if t > 0 else None
+    shared = shared_prompts(ids, mask, p) if t > 0 else None
     if shared is None:  # one segment: every row, every position
         shapes, rows_ids, rows_pos = ((n, s),), ids.reshape(-1), pos
     else:  # two segments: the U distinct prompts (U, P), then every row's completion (N, T)
@@ -253,7 +253,7 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
     for layer in inner.layers:
         at, mlp = layer.self_attn, layer.mlp
         w_qkv = (torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]) * layer.input_layernorm.weight)[rows]
-        b_qkv = _cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+        b_qkv = cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
         qkv = _Linear.apply(_RMSNorm.apply(x, eps), w_qkv, None if b_qkv is None else b_qkv[rows], None)
         if shared is None:
             q, k, v = _RopeSplit.apply(qkv, rot, shapes, h, hk)

@@ -6,7 +6,6 @@ All maths lives in `feedbackrl.algos`; this file only wires it. Setup helpers si
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -22,54 +21,20 @@ from feedbackrl.algos.kl import kl_k3
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.algos.rloo import rloo_advantages
 from feedbackrl.config import RunConfig
-from feedbackrl.envs.base import Stateful, Task
+from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
-from feedbackrl.models.load import load_policy
-from feedbackrl.rewards.verdict import Problem, Verdict
-from feedbackrl.rollout.generate import generate, sequence_logprobs
-from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+from feedbackrl.models.logprobs import sequence_logprobs
+from feedbackrl.train.checkpoint import frozen_reference, restore, save_checkpoint
+from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.context import Run
 from feedbackrl.train.optim import adamw
 
-REFERENCE_DIR = "reference"
 # the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
 ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"grpo": group_advantages, "rloo": rloo_advantages}
-# scores completions in place of the task's verifier (e.g. a learned reward model); the dict holds
-# extra metrics for the step's log line (e.g. the gold reward of the same completions)
-Scorer = Callable[[list[Problem], list[str]], tuple[list[Verdict], dict[str, float]]]
 
 
 def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimizer:
     return adamw(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
-
-
-def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
-                     resume_from: Path | None) -> PreTrainedModel:
-    """The reference is the policy as it was when RL started; saved once so a resume reloads it.
-
-    A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N -> RUN/reference), so
-    resuming into a new out dir never freezes the resumed policy instead.
-    """
-    path = out_dir / REFERENCE_DIR
-    saved = None if resume_from is None else Path(resume_from).parent.parent / REFERENCE_DIR
-    if saved is None:
-        ref = copy.deepcopy(model)
-    elif saved.is_dir():
-        ref = load_policy(str(saved)).to(model.device)
-    else:
-        raise CheckpointError(f"cannot resume from {str(resume_from)!r} with algo.kl_coef > 0: its frozen reference "
-                              f"{str(saved)!r} is missing (was the run started with kl_coef = 0, or the checkpoint "
-                              "moved out of its run dir?)")
-    if saved is None or saved.resolve() != path.resolve():
-        ref.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-    ref.eval().requires_grad_(False)
-    return ref
-
-
-def _chunks(n: int, parts: int, generator: torch.Generator) -> list[torch.Tensor]:
-    if parts == 1:
-        return [torch.arange(n)]
-    return list(torch.randperm(n, generator=generator).chunk(parts))
 
 
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
@@ -80,6 +45,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
 
     Completions are scored by the task's verifier, or by `scorer` when given.
     """
+    scorer = scorer or task_scorer(task)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G = ro_cfg.prompts_per_step, ro_cfg.group_size
     optimizer = make_optimizer(model, cfg)
@@ -87,14 +53,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     start = 0
     if resume_from is not None:
-        state = load_trainer_state(resume_from)
-        optimizer.load_state_dict(state.optimizer)
-        prompt_rng.setstate(state.prompt_rng)
-        sample_rng.set_state(state.sample_rng)
-        torch.set_rng_state(state.torch_rng)
-        if isinstance(task, Stateful) and state.task_state is not None:
-            task.load_state_dict(state.task_state)
-        start = state.step
+        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
         console.print(f"resumed from {resume_from} at step {start}")
     ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
     aggregate = AGGREGATIONS[a.aggregation]
@@ -103,46 +62,29 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
-        task_state = task.state_dict() if isinstance(task, Stateful) else None
         save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
-                        cfg.model_dump_json(indent=2), task_state)
+                        cfg.model_dump_json(indent=2), task.state_dict())
 
     with progress() as bar:
         job = bar.add_task(a.name.upper(), total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
             t0 = time.perf_counter()
-            # 1. roll out G completions for each of B prompts
-            problems = [task.sample(prompt_rng) for _ in range(B)]
-            ro = generate(model, tokenizer, [p.prompt for p in problems for _ in range(G)], ro_cfg.max_new_tokens,
-                          ro_cfg.temperature, ro_cfg.top_p, generator=sample_rng,
-                          min_new_tokens=ro_cfg.min_new_tokens)
-            t_gen = time.perf_counter() - t0
-            # 2. score with the task's verifier, 3. group-relative advantages
-            owners = [problems[i // G] for i in range(B * G)]
-            extra: dict[str, float] = {}
-            if scorer is not None:
-                verdicts, extra = scorer(owners, ro.texts)
-            elif hasattr(task, "verify_batch"):  # e.g. code: many sandboxes at once
-                verdicts = task.verify_batch(owners, ro.texts)
-            else:
-                verdicts = [task.verify(p, text) for p, text in zip(owners, ro.texts, strict=True)]
-            if isinstance(task, Stateful):
-                task.observe(owners, verdicts)
-            rewards = torch.tensor([v.score for v in verdicts], device=ro.completion_ids.device)
-            advantages = ADVANTAGES[a.name](rewards, G, scale=a.scale_advantages)
-            batch = (ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
-            mask = ro.completion_mask.float()
+            # 1. roll out G completions for each of B prompts, 2. score them (the collect step)
+            batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
+            # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
+            advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            tensors, mask = batch.tensors, batch.completion_mask.float()
             with torch.no_grad():
                 # old log-probs only matter when the policy moves within a batch; with one update the
                 # ratio is exactly 1 and the detached current log-probs serve
-                old_lp = sequence_logprobs(model, *batch, ro_cfg.temperature)[0] if n_updates > 1 else None
-                ref_lp = sequence_logprobs(ref, *batch, ro_cfg.temperature)[0] if ref is not None else None
+                old_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0] if n_updates > 1 else None
+                ref_lp = sequence_logprobs(ref, *tensors, ro_cfg.temperature)[0] if ref is not None else None
             # 4. optimise: epochs x minibatches
             stats: dict[str, list[float]] = {k: [] for k in ("loss/policy", "loss/kl", "kl/mean", "entropy/mean",
                                                               "clip_frac", "grad_norm")}
             model.train()
             for _ in range(a.epochs):
-                for idx in _chunks(B * G, a.minibatches, sample_rng):
+                for idx in minibatches(B * G, a.minibatches, sample_rng):
                     mb_mask = mask[idx]
                     # the loss's normalisers are the whole minibatch's, so summing the micro-batches'
                     # losses (gradient accumulation) gives the minibatch's gradient
@@ -150,7 +92,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                             "max_len": ro_cfg.max_new_tokens}
                     parts: dict[str, list[torch.Tensor]] = {"pg": [], "kl": [], "entropy": [], "clipped": []}
                     for sub in idx.split(micro or len(idx)):
-                        mb = [t[sub] for t in batch]
+                        mb = [t[sub] for t in tensors]
                         logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
                         old = old_lp[sub] if old_lp is not None else logprobs.detach()
                         pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
@@ -181,16 +123,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                     stats["grad_norm"].append(float(grad_norm))
             # 5. log
             dt = time.perf_counter() - t0
-            gen_tokens = int(ro.completion_mask.sum())
-            metrics = {
-                "phase": "rl", "reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
-                "reward/pass_rate": sum(v.passed for v in verdicts) / len(verdicts),
-                **{k: sum(v) / len(v) for k, v in stats.items()},
-                "rollout/len_mean": gen_tokens / (B * G), "rollout/truncated_frac": ro.truncated.float().mean().item(),
-                "perf/step_s": dt, "perf/gen_s": t_gen, "perf/tokens_per_s": gen_tokens / dt, **extra,
-            }
-            if hasattr(task, "difficulty"):  # adaptive tasks: where the controller is now
-                metrics["task/difficulty"] = task.difficulty
+            metrics = {"phase": "rl", **batch.metrics, **{k: sum(v) / len(v) for k, v in stats.items()},
+                       "perf/step_s": dt, "perf/tokens_per_s": float(batch.completion_mask.sum()) / dt}
             done = step + 1
             if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
                 metrics.update(on_eval(done))
@@ -201,3 +135,10 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     if start < a.steps or resume_from is None:
         checkpoint(a.steps)
     return metrics
+
+
+def run_grpo(run: Run) -> dict[str, Any]:
+    """GRPO or RLOO as the run path calls it: the recipe's reward, resume and periodic eval included."""
+    final = train_grpo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink,
+                       resume_from=run.resume_from, on_eval=run.on_eval, scorer=run.scorer)
+    return {"steps": run.cfg.algo.steps, "final": final}

@@ -1,0 +1,94 @@
+"""The collect step every on-policy loop shares (GRPO, RLOO, PPO): sample B prompts, roll out G
+completions each, score them, feed the verdicts back to the task, and measure the rollout.
+
+A loop calls `collect` once per step and gets a `Batch`: what the losses need (token ids, masks,
+rewards) and what people and monitors read (texts, verdicts, metrics). The losses only see the
+tensors, so a rollout of another shape (a multi-turn episode whose completion interleaves the
+policy's turns with tool output) plugs in by returning the same `Batch`, with `completion_mask` set
+on the policy's own tokens only.
+
+Scoring goes through one `Scorer`: the task's verifier (`task_scorer`), or whatever the recipe's
+`[reward]` section builds (a learned reward model, a composition of reward sources), optionally
+with a hidden gold score logged beside it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.config import RolloutConfig
+from feedbackrl.envs.base import Task
+from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.rollout.generate import generate
+
+# (problems, completions) -> (one verdict per completion, extra metrics for the step's log line)
+Scorer = Callable[[Sequence[Problem], Sequence[str]], tuple[list[Verdict], dict[str, float]]]
+
+
+def task_scorer(task: Task) -> Scorer:
+    """The task's own verifier (in parallel where the task verifies batches, e.g. code sandboxes)."""
+    return lambda problems, completions: (task.verify_batch(problems, completions), {})
+
+
+@dataclass
+class Batch:
+    """One step's rollouts. N = B * G rows; rows i*G .. i*G + G - 1 answer problem i."""
+
+    problems: list[Problem]  # (N,) the problem each row answers
+    prompt_ids: Tensor  # (N, P) left-padded
+    prompt_mask: Tensor  # (N, P)
+    completion_ids: Tensor  # (N, T) right-padded
+    completion_mask: Tensor  # (N, T) 1 on the policy's own tokens: what the losses train on
+    texts: list[str]  # (N,) decoded completions
+    verdicts: list[Verdict]  # (N,)
+    rewards: Tensor  # (N,) the verdicts' scores
+    truncated: Tensor  # (N,) bool: cut off by the token limit
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(prompt_ids, prompt_mask, completion_ids, completion_mask): the arguments of `sequence_logprobs`."""
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+
+def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
+            cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
+    """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
+    B, G = cfg.prompts_per_step, cfg.group_size
+    t0 = time.perf_counter()
+    problems = [task.sample(prompt_rng) for _ in range(B)]
+    owners = [problems[i // G] for i in range(B * G)]
+    ro = generate(model, tokenizer, [p.prompt for p in owners], cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                  generator=sample_rng, min_new_tokens=cfg.min_new_tokens)
+    t_gen = time.perf_counter()
+    verdicts, extra = scorer(owners, ro.texts)
+    if len(verdicts) != len(owners):
+        raise ValueError(f"the reward returned {len(verdicts)} verdicts for {len(owners)} completions")
+    t_score = time.perf_counter()
+    task.observe(owners, verdicts)
+    rewards = torch.tensor([float(v.score) for v in verdicts], device=ro.completion_ids.device)
+    gen_tokens = int(ro.completion_mask.sum())
+    metrics = {
+        "reward/mean": rewards.mean().item(), "reward/std": rewards.std().item() if len(verdicts) > 1 else 0.0,
+        "reward/pass_rate": sum(v.passed for v in verdicts) / len(verdicts),
+        "rollout/len_mean": gen_tokens / len(owners), "rollout/truncated_frac": ro.truncated.float().mean().item(),
+        "perf/gen_s": t_gen - t0, "perf/score_s": t_score - t_gen, **extra,
+    }
+    if task.difficulty is not None:  # adaptive tasks: where the controller is now
+        metrics["task/difficulty"] = task.difficulty
+    return Batch(owners, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, ro.texts, verdicts,
+                 rewards, ro.truncated, metrics)
+
+
+def minibatches(n: int, parts: int, generator: torch.Generator) -> list[Tensor]:
+    """Row indices of `parts` minibatches: all rows in order when parts = 1, else a seeded shuffle."""
+    if parts == 1:
+        return [torch.arange(n)]
+    return list(torch.randperm(n, generator=generator).chunk(parts))
