@@ -1,11 +1,15 @@
 """Inside the sandbox: the judge, PID 1 of a fresh PID namespace, supervising one job.
 
 Started by `sandbox.run_program` as `unshare ... python -I -S -B -c "...; sandbox_judge.main()"`
-(imported, not run as a script, so its bytecode is cached), with the job (a marshal dict) on
-stdin; writes {"tests": [...], "attempts": n} (marshal) to stdout. The judge runs only our code,
-as root: it isolates the filesystem, then forks one runner per attempt, which drops to the job's
-uid and runs `sandbox_harness.run`. Standard library only, and no module that is slow to import
-(dataclasses, tempfile, typing, signal, collections, ...: every execution pays for them). Threat model: `sandbox.py`.
+(imported, not run as a script, so its bytecode is cached), with our directory as the first line
+of stdin and then the job (a marshal dict); writes {"tests": [...], "attempts": n} (marshal) to
+stdout. The judge runs only our code, as root: it builds the job's root (`sandbox_fs`), then
+starts one runner per attempt (fork, lock down, execve a fresh interpreter running
+`sandbox_harness`). io tests: the runner reads stdin and the judge collects its output. Assert
+tests: the judge runs each test itself (`sandbox_checks`), sending the runner one request per
+call into the program. Standard library only, and no module that is slow to import
+(dataclasses, tempfile, typing, signal, collections, json, ...: every job pays for them).
+Threat model: `sandbox.py`.
 """
 
 from __future__ import annotations
