@@ -249,9 +249,10 @@ def test_test_shapes_decided_by_the_judge(verifier: CodeVerifier) -> None:
         "assert parse('1') == 2",  # wrong
         "assert Stack() == Stack()",  # program objects are not plain data
         "parse('-')",  # the program's exception is a runtime error
+        "import sys\nsys.exit(0)",  # a test that leaves early has not passed
     ]}
     verdict = verifier(Problem("", tests), program)
-    assert [t["reason"] for t in verdict.details["tests"]] == ["ok"] * 5 + ["wrong_output"] * 2 + ["runtime_error"]
+    assert [t["reason"] for t in verdict.details["tests"]] == ["ok"] * 5 + ["wrong_output"] * 2 + ["runtime_error"] * 2
     assert verdict.details["tests"][5]["detail"] == "failed: assert parse('1') == 2"
     assert verdict.details["tests"][7]["detail"] == "ValueError: ValueError, raised by the program"
 

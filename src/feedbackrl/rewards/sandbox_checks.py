@@ -131,6 +131,8 @@ def evaluate(source: str, conn: Connection, names: dict[str, str]) -> tuple[str,
         outcome = _error(exc)
     except Stop:
         outcome = ("", "")
+    except (SystemExit, KeyboardInterrupt) as exc:  # the test's own code left: it did not pass
+        outcome = ("runtime_error", f"the test raised {type(exc).__name__}")
     return _stopped(conn) or outcome
 
 
