@@ -26,6 +26,9 @@ class ModelConfig(Section):
     path: str = Field("tiny", description='HF model dir or hub id; "tiny" builds a tiny local model')
     size: Literal["tiny", "small"] = Field("tiny", description="size of the locally built model (path=tiny)")
     init_seed: int = Field(0, description="seed of the random init of a locally built model")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="render prompts with the tokenizer's chat template: auto = when it has one")
+    system_prompt: str = Field("", description='system turn of chat-rendered prompts; "" = the template\'s default')
 
 
 class TaskConfig(Section):
@@ -48,6 +51,7 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0, le=10, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     min_new_tokens: int = Field(0, ge=0, description="EOS suppressed for this many tokens (as HF generate)")
+    truncated_fails: bool = Field(False, description="score completions cut off by max_new_tokens as failed (0)")
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RolloutConfig:
@@ -139,8 +143,10 @@ class PrefsConfig(Section):
 
 class EvalConfig(Section):
     every: int = Field(0, ge=0, description="evaluate every N training steps; 0 = only before/after")
-    pass_k: int = Field(4, ge=1, le=256, description="k for pass@k (sampled at the rollout temperature)")
+    pass_k: int = Field(4, ge=0, le=256, description=(
+        "k for pass@k (sampled at the rollout temperature); 0 = greedy accuracy only"))
     batch_size: int = Field(256, ge=1, description="prompts per generation batch in eval")
+    warn_truncated: float = Field(0.1, ge=0, le=1, description="warn when more greedy answers than this are cut off")
 
 
 class TrainConfig(Section):
