@@ -98,8 +98,8 @@ def build_smol_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = ["What is 12 + 7? The answer is 19.", "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
-              "system user assistant", "Compute 83 - 35. So, 83 - 35 = 48."] * 20
+    corpus = ["What is 12 + 7? The answer is 19.", "system user assistant", "Compute 83 - 35. So, 83 - 35 = 48.",
+              "You are a helpful AI assistant named SmolLM, trained by Hugging Face"] * 20
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SMOL_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)

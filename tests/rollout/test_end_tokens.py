@@ -19,7 +19,8 @@ def test_fast_decoder_equals_hf_greedy_on_a_smollm2_like_model(smol_lm, smol_tok
     prompts = [render_prompt(smol_tokenizer, q) for q in QUESTIONS]
     ro = generate(smol_lm, smol_tokenizer, prompts, 12, greedy=True)
     ids, mask = encode_prompts(smol_tokenizer, prompts)
-    expected = smol_lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)[:, ids.shape[1]:]
+    expected = smol_lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    expected = expected[:, ids.shape[1]:]
     assert len(set(map(tuple, expected.tolist()))) == len(prompts), "degenerate model: identical outputs"
     # HF stops on either end token of generation_config.eos_token_id and pads finished rows, as we do
     assert torch.equal(ro.completion_ids, expected[:, : ro.completion_ids.shape[1]])
