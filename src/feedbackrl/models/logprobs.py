@@ -12,6 +12,7 @@ import inspect
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.llama_forward import completion_logits
@@ -94,11 +95,39 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
         # use_cache=False: HF models default to building a KV cache even in a training forward
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep)
         logits = out.logits[:, -t - 1 : -1]  # predictions for each completion token
-    logits = logits.float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * completion_mask
+    logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy)
+    return logprobs * completion_mask, None if entropy is None else entropy * completion_mask
+
+
+LOGPROB_CHUNK_ROWS = 8  # sequences per log-softmax chunk: (8, T, V) floats at a time instead of (N, T, V)
+
+
+def _chunk_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0, with_entropy: bool = False,
+                   chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[Tensor, Tensor | None]:
+    """(N, T, V) logits, (N, T) ids -> log-probs (N, T) of `ids` under softmax(logits / temperature), and the
+    entropy (N, T) of that distribution when asked (no gradient).
+
+    The log-softmax runs `chunk_rows` sequences at a time, each chunk under activation checkpointing, so
+    neither the forward nor the backward holds a second (N, T, V) tensor beside the logits (with a 49k
+    vocabulary that tensor is most of a step's memory). Rows are independent: the values are those of one
+    log-softmax over the whole batch, bit for bit.
+    """
+    if logits.shape[0] <= chunk_rows:
+        parts = [_chunk_logprobs(logits, ids, temperature)]
+    else:
+        parts = [checkpoint(_chunk_logprobs, lg, i, temperature, use_reentrant=False) if lg.requires_grad
+                 else _chunk_logprobs(lg, i, temperature)
+                 for lg, i in zip(logits.split(chunk_rows), ids.split(chunk_rows), strict=True)]
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * completion_mask
-    return logprobs, entropy
+            ents = []
+            for lg in logits.split(chunk_rows):
+                logp = torch.log_softmax(lg.float() / temperature, dim=-1)
+                ents.append(-(logp.exp() * logp).sum(-1))
+            entropy = torch.cat(ents)
+    return torch.cat(parts), entropy
