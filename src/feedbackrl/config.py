@@ -31,6 +31,19 @@ class ModelConfig(Section):
     system_prompt: str = Field("", description='system turn of chat-rendered prompts; "" = the template\'s default')
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRAConfig(Section):
+    """LoRA adapters (peft, the `lora` extra) instead of training every weight; rank 0 = off."""
+
+    rank: int = Field(0, ge=0, le=1024, description="adapter rank r; 0 = full fine-tuning (no adapters)")
+    alpha: float = Field(32.0, gt=0, description="adapter scale numerator: the update is (alpha / rank) * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS),
+                                      description="names of the linear layers that get adapters")
+
+
 class TaskConfig(Section):
     name: str = Field("addition", description="task registry key, see `feedbackrl tasks`")
     options: dict[str, Any] = Field(default_factory=dict, description="task constructor options")
@@ -157,6 +170,13 @@ class TrainConfig(Section):
     device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$", description=(
         "where the policy trains and generates: 'cpu', 'cuda', 'cuda:N', or 'auto' (a GPU when torch sees one); "
         "the SFT + GRPO/RLOO pipeline only, so far"))
+    precision: Literal["fp32", "bf16"] = Field("fp32", description=(
+        "training forward/backward precision: bf16 = autocast with float32 master weights and optimizer "
+        "(needs a CPU or GPU with bf16 support); generation stays float32"))
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward (less memory)")
+    save_optimizer: bool = Field(True, description=(
+        "keep the optimizer state in checkpoints (exact resume); false = smaller checkpoints, a fresh optimizer "
+        "on resume"))
     micro_batch_size: int = Field(0, ge=0, description=(
         "online RL: completions per training forward/backward; each minibatch's gradient is accumulated over "
         "chunks this size (the same gradient up to float rounding, less activation memory); 0 = the whole "
@@ -165,6 +185,7 @@ class TrainConfig(Section):
 
 class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.gguf import is_gguf, resolve_gguf
+from feedbackrl.models.lora import is_adapter_dir, load_adapter_dir
 
 
 class ModelLoadError(ValueError):
@@ -25,6 +26,8 @@ def resolve_model_path(name: str) -> str:
     if is_gguf(name):
         return resolve_gguf(name)
     path = Path(name).expanduser()
+    if path.is_dir() and is_adapter_dir(path):  # a LoRA checkpoint: adapter + tokenizer, base by path
+        return str(path)
     if path.exists():
         if not path.is_dir() or not (path / "config.json").exists():
             raise ModelLoadError(
@@ -52,7 +55,10 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 
 
 def load_policy(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A causal LM from a directory, hub id, GGUF file, or LoRA checkpoint (its base + the adapters, trainable)."""
     src = resolve_model_path(name)
+    if is_adapter_dir(Path(src)):
+        return load_adapter_dir(Path(src), lambda base: load_policy(base, dtype))
     try:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     except OSError as e:

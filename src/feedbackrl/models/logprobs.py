@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.llama_forward import completion_logits
+from feedbackrl.models.lora import decodable, is_lora, is_lora_linear
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tuple[Tensor, Tensor]:
@@ -38,7 +39,9 @@ _STATIC_ROPE = ("default", "linear", "llama3")  # RoPE tables that depend on the
 
 
 def fast_path_ok(model: PreTrainedModel) -> bool:
-    """True for unmodified Llama/Qwen2 models whose maths `_LlamaDecoder` reproduces exactly."""
+    """True for Llama/Qwen2 models whose maths `_LlamaDecoder` reproduces exactly (LoRA layers included:
+    the decoder merges them into its weight copy, `models.lora.effective_weight`)."""
+    model = decodable(model)
     cfg = model.config
     inner = getattr(model, "model", None)
     # under autocast the matmuls would run in bf16/fp16 against our float32 buffers: the model's own forward handles it
@@ -57,9 +60,16 @@ def fast_path_ok(model: PreTrainedModel) -> bool:
     linears = [getattr(m, name) for layer in inner.layers
                for m, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                                 (layer.mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names]
-    # adapters (LoRA), hooks or custom norms change the maths: those models take the generic path
-    no_hooks = all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
-    return no_hooks and all(type(m) is nn.Linear for m in linears)
+    # hooks, other adapters or custom norms change the maths: those models take the generic path
+    no_hooks = all(_harmless_hooks(m) for m in model.modules())
+    return no_hooks and all(type(m) is nn.Linear or is_lora_linear(m) for m in linears)
+
+
+def _harmless_hooks(m: nn.Module) -> bool:
+    """No hooks, or only the one gradient checkpointing puts on the input embedding (it marks the embedding's
+    output as requiring grad, which changes no value: decoding runs without grad)."""
+    hooks = [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]
+    return all(getattr(h, "__name__", "") == "make_inputs_require_grads" for h in hooks)
 
 
 def train_fast_path_ok(model: PreTrainedModel) -> bool:
@@ -67,7 +77,8 @@ def train_fast_path_ok(model: PreTrainedModel) -> bool:
     # transformers 5.2x renamed is_gradient_checkpointing (now a deprecated alias) to is_activation_checkpointing
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
-    if getattr(model, name, False) or not fast_path_ok(model):
+    # LoRA trains through peft's forward: the fast forward reads the base weights only
+    if is_lora(model) or getattr(model, name, False) or not fast_path_ok(model):
         return False
     return not (model.training and getattr(model.config, "attention_dropout", 0.0))
 

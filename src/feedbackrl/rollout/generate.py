@@ -36,6 +36,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.models.chat import end_token_ids
 from feedbackrl.models.llama_forward import cat_or_none, rope_pair_rows, shared_prompts
 from feedbackrl.models.logprobs import accepts, encode_prompts, fast_path_ok, positions
+from feedbackrl.models.lora import decodable, effective_weight
 from feedbackrl.rollout import native
 
 
@@ -149,11 +150,11 @@ class _LlamaDecoder:
         self.c_eps = torch.tensor(c * cfg.rms_norm_eps, dtype=self.embed.dtype, device=dev)
 
         def folded(norm: Tensor, *linears: nn.Linear, rows: Tensor | None = None) -> Tensor:  # (in, out)
-            w = torch.cat([m.weight for m in linears])  # (out, in): reordering rows here is a cheap gather
+            w = torch.cat([effective_weight(m) for m in linears])  # (out, in): reordering rows is a cheap gather
             return _unaliased((w if rows is None else w.index_select(0, rows)).mul_(norm * c**0.5))
 
         def plain(m: nn.Linear) -> Tensor:
-            return _unaliased(m.weight)
+            return _unaliased(effective_weight(m))
 
         # RoPE as one complex multiply: within each q/k head, output columns reordered so that the pair
         # rotate_half mixes, (i, i + D/2), is adjacent: (x_i + j x_{i+D/2}) * (cos_i + j sin_i) is
@@ -333,6 +334,7 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    model = decodable(model)  # a LoRA model's transformers model, adapters in place (merged by the fast decoder)
     dev = model.device  # the rollout lives where the model does
     prompt_ids, prompt_mask = (t.to(dev) for t in encode_prompts(tokenizer, prompts))
     n, pad = prompt_ids.shape[0], tokenizer.pad_token_id
