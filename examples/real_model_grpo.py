@@ -4,7 +4,7 @@ train, evaluate again, write `report.json` and `curves.png` into the out dir.
     python examples/real_model_grpo.py recipes/smollm2_grpo.toml --out runs/smollm2 [--set algo.steps=10]
     python examples/real_model_grpo.py recipes/smollm2_grpo.toml --out runs/smollm2_base --eval-only
 
-`make smollm2` runs the first line. The calls here (`load_policy`, `prepare_policy`, `chat_task`,
+`make smollm2` runs the first line. The calls here (`load_policy`, `setup_policy`, `chat_task`,
 `evaluate` with the truncation options) are the pieces a run path needs for a real model.
 """
 
@@ -22,11 +22,11 @@ from feedbackrl.envs.chat import chat_task
 from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, console
 from feedbackrl.models.load import load_policy, load_tokenizer
-from feedbackrl.models.policy import prepare_policy
+from feedbackrl.models.policy import setup_policy
 from feedbackrl.train.evaluate import evaluate
 from feedbackrl.train.grpo import train_grpo
-from feedbackrl.train.pipeline import start_run
 from feedbackrl.train.report import print_report, write_plot
+from feedbackrl.train.run import start_run
 
 
 def run_eval(model: Any, tokenizer: Any, task: Task, cfg: RunConfig) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def main() -> None:
     t0 = time.perf_counter()
     out = start_run(cfg, args.out)
     model, tokenizer = load_policy(cfg.model.path), load_tokenizer(cfg.model.path)
-    model = prepare_policy(model, cfg.lora, cfg.train)  # [lora], gradient checkpointing, precision check
+    model = setup_policy(model, cfg.lora, cfg.train)  # [lora], gradient checkpointing, precision check
     task = chat_task(make_task(cfg.task), tokenizer, cfg.model.chat_template, cfg.model.system_prompt)
     before = run_eval(model, tokenizer, task, cfg)
     (out / "eval_before.json").write_text(json.dumps(before, indent=2))

@@ -37,7 +37,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
     from feedbackrl.config import load_config
-    from feedbackrl.train.pipeline import run
+    from feedbackrl.train.run import run
 
     try:
         cfg = load_config(recipe, overrides)
@@ -68,14 +68,14 @@ def train(recipe: Annotated[Path, typer.Argument(help="recipe TOML file")],
 
 @app.command("eval")
 def eval_(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir or hub id")],
-          recipe: Annotated[Path | None, typer.Option(help="recipe whose [task] and [eval] to use")] = None,
+          recipe: Annotated[Path | None, typer.Option(help="recipe whose task and eval sections to use")] = None,
           set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. task.name=addition")] = None,
           out: Annotated[Path | None, typer.Option(help="write the result JSON here")] = None) -> None:
     """Evaluate a checkpoint on a task's held-out problems (greedy pass@1 and pass@k)."""
     from feedbackrl.config import load_config
     from feedbackrl.envs.registry import make_task
     from feedbackrl.models.load import load_policy, load_tokenizer
-    from feedbackrl.train.pipeline import run_eval, set_threads
+    from feedbackrl.train.run import run_eval, set_threads
 
     try:
         cfg = load_config(recipe, set_ or [])

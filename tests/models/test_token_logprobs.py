@@ -23,7 +23,7 @@ def test_chunked_values_and_gradients_equal_one_log_softmax(chunk_rows: int):
     upstream = torch.randn(N, T, generator=gen)
     a = logits.clone().requires_grad_()
     b = logits.clone().requires_grad_()
-    lp, ent = token_logprobs(a, ids, 0.7, with_entropy=True, chunk_rows=chunk_rows)
+    lp, ent = token_logprobs(a, ids, torch.ones(N, T), 0.7, with_entropy=True, chunk_rows=chunk_rows)
     ref = _reference(b, ids, 0.7)
     assert torch.equal(lp, ref)
     (lp * upstream).sum().backward()
@@ -45,7 +45,7 @@ def test_the_backward_keeps_no_second_full_size_tensor():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        token_logprobs(logits, ids, 1.0, chunk_rows=4)
+        token_logprobs(logits, ids, torch.ones(N, T), 1.0, chunk_rows=4)
     assert max(saved) < N * T * V / 4, f"a saved tensor of {max(saved)} elements (full size {N * T * V})"
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

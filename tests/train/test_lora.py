@@ -18,7 +18,7 @@ from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.logprobs import fast_path_ok, sequence_logprobs, train_fast_path_ok
 from feedbackrl.models.lora import export_model, is_lora
-from feedbackrl.models.policy import prepare_policy
+from feedbackrl.models.policy import setup_policy
 from feedbackrl.rollout import generate as generate_mod
 from feedbackrl.rollout.generate import generate
 from feedbackrl.train.checkpoint import load_trainer_state, resolve_resume
@@ -39,7 +39,7 @@ def config(steps: int) -> RunConfig:
 
 def train(model_dir: Path, out: Path, steps: int, sink, resume_from: Path | None = None):
     cfg = config(steps)
-    model = prepare_policy(load_policy(str(model_dir)), cfg.lora, cfg.train)
+    model = setup_policy(load_policy(str(model_dir)), cfg.lora, cfg.train)
     train_grpo(cfg, model, load_tokenizer(str(model_dir)), ShapedAddition(), out, sink, resume_from=resume_from)
     return model
 

@@ -106,8 +106,7 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
         # use_cache=False: HF models default to building a KV cache even in a training forward
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep)
         logits = out.logits[:, -t - 1 : -1]  # predictions for each completion token
-    logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy)
-    return logprobs * completion_mask, None if entropy is None else entropy * completion_mask
+    return token_logprobs(logits, completion_ids, completion_mask, temperature, with_entropy)
 
 
 LOGPROB_CHUNK_ROWS = 8  # sequences per log-softmax chunk: (8, T, V) floats at a time instead of (N, T, V)
@@ -117,10 +116,13 @@ def _chunk_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
     return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
 
 
-def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                   chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[Tensor, Tensor | None]:
-    """(N, T, V) logits, (N, T) ids -> log-probs (N, T) of `ids` under softmax(logits / temperature), and the
-    entropy (N, T) of that distribution when asked (no gradient).
+def token_logprobs(logits: Tensor, ids: Tensor, mask: Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False, chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[Tensor, Tensor | None]:
+    """(N, T, V) logits of the positions that predict `ids` (N, T) -> the log-prob of each token under the
+    tempered distribution (N, T), 0 where `mask` is 0, and that distribution's entropy (N, T) when asked.
+
+    The one place log-probs are taken from logits for training (`sequence_logprobs`, PPO's
+    `logprobs_and_values`); sampling takes them in `rollout.generate`, from the same tempered logits.
 
     The log-softmax runs `chunk_rows` sequences at a time, each chunk under activation checkpointing, so
     neither the forward nor the backward holds a second (N, T, V) tensor beside the logits (with a 49k
@@ -140,5 +142,5 @@ def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0, with_e
             for lg in logits.split(chunk_rows):
                 logp = torch.log_softmax(lg.float() / temperature, dim=-1)
                 ents.append(-(logp.exp() * logp).sum(-1))
-            entropy = torch.cat(ents)
-    return torch.cat(parts), entropy
+            entropy = torch.cat(ents) * mask
+    return torch.cat(parts) * mask, entropy

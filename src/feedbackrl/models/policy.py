@@ -45,7 +45,7 @@ def train_autocast(precision: str, device: torch.device) -> Iterator[None]:
         yield
 
 
-def prepare_policy(model: PreTrainedModel, lora: Any, train: Any) -> PreTrainedModel:
+def setup_policy(model: PreTrainedModel, lora: Any, train: Any) -> PreTrainedModel:
     """Apply `[lora]` (rank > 0) and `train.gradient_checkpointing`; check `train.precision`. Returns the policy.
 
     Call once on a freshly loaded model, before building the optimizer; a model loaded from an adapter

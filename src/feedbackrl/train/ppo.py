@@ -3,20 +3,20 @@ prompts, roll out, score, fold the per-token KL penalty into the rewards, GAE, w
 each epoch and minibatch the clipped policy and value losses, step and log.
 
 All maths lives in `feedbackrl.algos.ppo`; this file only wires it. The score comes from the
-task's verifier or from a `Scorer` (a learned reward model, see `train/rlhf.py`).
+task's verifier or from a `Scorer` (the recipe's reward, see `train/run.py`).
 
 Departures from InstructGPT: the value head sits on the policy's own last hidden state (one
 network, loss = policy + vf_coef * value, as in Ziegler et al.'s shared-trunk variant and TRL's
 old `AutoModelForCausalLMWithValueHead`) rather than a separate critic initialised from the
 reward model: half the compute on a CPU. The head is zero-initialised, so the first values are 0.
-No resume: a PPO run saves its final policy (and value head) but cannot be continued.
+Checkpoints carry the value head (`value_head.pt`) beside the policy, so `--resume` continues a run.
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.log import MetricsSink, progress
-from feedbackrl.models.logprobs import positions, sequence_logprobs
-from feedbackrl.train.checkpoint import save_checkpoint
+from feedbackrl.log import MetricsSink, console, progress
+from feedbackrl.models.logprobs import positions, sequence_logprobs, token_logprobs
+from feedbackrl.train.checkpoint import frozen_reference, load_extra, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.context import Run
 from feedbackrl.train.optim import adamw
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -58,31 +59,41 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
     # good, and a hooked model loses the fast decode path (models.logprobs.fast_path_ok).
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
                               use_cache=False).last_hidden_state[:, p - 1 : -1]
-    logp_all = torch.log_softmax(model.get_output_embeddings()(hidden).float() / temperature, dim=-1)
     m = completion_mask.float()
-    logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * m
+    logprobs, entropy = token_logprobs(model.get_output_embeddings()(hidden), completion_ids, m, temperature,
+                                       with_entropy=True)
     values = value_head(hidden).squeeze(-1).float() * m
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * m
     return logprobs, values, entropy
 
 
 def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
-              out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None) -> dict[str, Any]:
-    """Run PPO for `cfg.algo.steps` steps; saves the final policy as a checkpoint. Returns the last metrics."""
+              out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None, resume_from: Path | None = None,
+              on_eval: Callable[[int], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run PPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics."""
     scorer = scorer or task_scorer(task)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G, temp = ro_cfg.prompts_per_step, ro_cfg.group_size, ro_cfg.temperature
-    value_head = make_value_head(model)
+    value_head = make_value_head(model).to(model.device)
     params = list(model.parameters()) + list(value_head.parameters())
     optimizer = adamw(params, lr=a.lr, weight_decay=0.0)
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 else None
+    start = 0
+    if resume_from is not None:
+        value_head.load_state_dict(load_extra(resume_from, VALUE_HEAD_FILE))
+        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
+        console.print(f"resumed from {resume_from} at step {start}")
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
     metrics: dict[str, Any] = {}
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
+                        cfg.model_dump_json(indent=2), task.state_dict(),
+                        extras={VALUE_HEAD_FILE: value_head.state_dict()})
+
     with progress() as bar:
-        job = bar.add_task("PPO", total=a.steps, info="")
-        for step in range(a.steps):
+        job = bar.add_task("PPO", total=a.steps, completed=start, info="")
+        for step in range(start, a.steps):
             t0 = time.perf_counter()
             # 1. roll out G completions for each of B prompts, 2. score them (the collect step)
             batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
@@ -121,9 +132,20 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                        "kl/mean": ((old_lp - ref_lp) * mask).sum().item() / max(gen_tokens, 1),
                        **{k: sum(v) / len(v) for k, v in stats.items()},
                        "perf/step_s": dt, "perf/tokens_per_s": gen_tokens / dt}
-            sink.log(step + 1, metrics)
+            done = step + 1
+            if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
+                metrics.update(on_eval(done))
+            sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
-    ckpt = save_checkpoint(out_dir, model, tokenizer, optimizer, a.steps, prompt_rng, sample_rng,
-                           cfg.model_dump_json(indent=2))
-    torch.save(value_head.state_dict(), ckpt / VALUE_HEAD_FILE)
+            if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
+                checkpoint(done)
+    if start < a.steps or resume_from is None:
+        checkpoint(a.steps)
     return metrics
+
+
+def run_ppo(run: Run) -> dict[str, Any]:
+    """PPO as the run path calls it, against the recipe's reward."""
+    final = train_ppo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink, run.scorer,
+                      resume_from=run.resume_from, on_eval=run.on_eval)
+    return {"steps": run.cfg.algo.steps, "final": final}
