@@ -100,3 +100,25 @@ def config(recipe: Annotated[Path | None, typer.Argument(help="recipe TOML (defa
         typer.echo(load_config(recipe, set_ or []).model_dump_json(indent=2))
     except _user_errors() as e:
         _fail(str(e))
+
+
+@app.command()
+def monitor(run_dir: Annotated[Path, typer.Argument(help="a finished (or running) run's output directory")],
+            as_json: Annotated[bool, typer.Option("--json", help="one alert per line as JSON")] = False) -> None:
+    """Replay a run's metrics.jsonl and samples.jsonl through the reward-hacking and health detectors."""
+    from feedbackrl.monitors.replay import replay
+
+    try:
+        alerts = replay(run_dir)
+    except (FileNotFoundError, *_user_errors()) as e:
+        _fail(str(e))
+    for a in alerts:
+        if as_json:
+            typer.echo(json.dumps(a.to_dict()))
+            continue
+        typer.echo(f"step {a.step:>5}  {a.detector:<22} {a.kind:<8} {a.statistic:.3f} (threshold {a.threshold:g})  "
+                   f"{a.message}")
+        for ex in a.examples:
+            typer.echo(f"{'':>13}e.g. {ex[:100]!r}")
+    if not as_json:
+        typer.echo(f"{len(alerts)} alert(s) in {run_dir}")

@@ -26,8 +26,10 @@ from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
-from feedbackrl.train.checkpoint import CheckpointError, load_trainer_state, save_checkpoint
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 REFERENCE_DIR = "reference"
@@ -66,10 +68,11 @@ def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                on_eval: Callable[[int], dict[str, Any]] | None = None,
-               scorer: Scorer | None = None) -> dict[str, Any]:
+               scorer: Scorer | None = None, monitor: Monitor | None = None) -> dict[str, Any]:
     """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
-    Completions are scored by the task's verifier, or by `scorer` when given.
+    Completions are scored by the task's verifier, or by `scorer` when given. `monitor` (default: one
+    built from `[monitors]`) checks every step and may stop, roll back or raise the KL coefficient.
     """
     scorer = scorer or task_scorer(task)
     a, ro_cfg = cfg.algo, cfg.rollout
@@ -88,7 +91,10 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             task.load_state_dict(state.task_state)
         start = state.step
         console.print(f"resumed from {resume_from} at step {start}")
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
+    monitor = live_monitor(cfg, out_dir, monitor)
+    kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
+    wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref else None
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
     micro = cfg.train.micro_batch_size  # 0: each minibatch in one forward/backward
@@ -98,6 +104,9 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
         save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
                         cfg.model_dump_json(indent=2), task.state_dict())
 
+    end = a.steps
+    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
+        checkpoint(start)  # something to roll back to before the first periodic checkpoint
     with progress() as bar:
         job = bar.add_task(a.name.upper(), total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
@@ -134,7 +143,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         kl = torch.zeros_like(pg)
                         if ref_lp is not None:
                             kl = kl_k3(logprobs, ref_lp[sub])
-                            per_token = pg + a.kl_coef * kl
+                            per_token = pg + kl_coef * kl
                         aggregate(per_token, mask[sub], **norm).backward()
                         parts["pg"].append(pg.detach())
                         parts["kl"].append(kl.detach())
@@ -161,10 +170,25 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             done = step + 1
             if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
                 metrics.update(on_eval(done))
+            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
+            if decision is not None:
+                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
             sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
+            if decision is not None and monitor is not None:
+                if decision.stop:
+                    end = done
+                    console.print(f"monitors stopped the run at step {done}: {decision.alerts[0].message}")
+                    break
+                if decision.raise_kl:
+                    kl_coef = monitor.raised_kl(kl_coef)
+                if decision.rollback:
+                    monitor.rolled_back(roll_back(out_dir, model, optimizer))
+                    continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
                 checkpoint(done)
     if start < a.steps or resume_from is None:
-        checkpoint(a.steps)
+        checkpoint(end)
     return metrics

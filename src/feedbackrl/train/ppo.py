@@ -25,12 +25,14 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, value_loss, whiten
-from feedbackrl.config import RunConfig
+from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.logprobs import positions, sequence_logprobs
+from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.monitoring import live_monitor
 from feedbackrl.train.optim import adamw
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -68,8 +70,13 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
 
 
 def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
-              out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None) -> dict[str, Any]:
-    """Run PPO for `cfg.algo.steps` steps; saves the final policy as a checkpoint. Returns the last metrics."""
+              out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None,
+              monitor: Monitor | None = None) -> dict[str, Any]:
+    """Run PPO for `cfg.algo.steps` steps; saves the final policy as a checkpoint. Returns the last metrics.
+
+    `monitor` (default: one built from `[monitors]`) checks every step and may stop the run or raise the
+    KL coefficient; PPO keeps no periodic checkpoints, so it cannot roll back.
+    """
     scorer = scorer or task_scorer(task)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G, temp = ro_cfg.prompts_per_step, ro_cfg.group_size, ro_cfg.temperature
@@ -78,7 +85,12 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
     optimizer = adamw(params, lr=a.lr, weight_decay=0.0)
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 else None
+    monitor = live_monitor(cfg, out_dir, monitor)
+    if monitor is not None and monitor.needs_rollback:
+        raise ConfigError("monitors.actions: PPO keeps no checkpoints to roll back to; use log, stop or raise_kl")
+    kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
+    wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if wants_ref else None
     metrics: dict[str, Any] = {}
     with progress() as bar:
         job = bar.add_task("PPO", total=a.steps, info="")
@@ -92,7 +104,7 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
             with torch.no_grad():
                 old_lp, old_values, _ = logprobs_and_values(model, value_head, *tensors, temp)
                 ref_lp = sequence_logprobs(ref, *tensors, temp)[0] if ref is not None else old_lp
-                rewards = kl_penalised_rewards(scores, old_lp, ref_lp, mask, a.kl_coef)  # (N, T)
+                rewards = kl_penalised_rewards(scores, old_lp, ref_lp, mask, kl_coef)  # (N, T)
                 advantages, returns = gae(rewards, old_values, mask, a.gamma, a.lam)
                 if a.whiten_advantages:
                     advantages = whiten(advantages, mask)
@@ -121,8 +133,17 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                        "kl/mean": ((old_lp - ref_lp) * mask).sum().item() / max(gen_tokens, 1),
                        **{k: sum(v) / len(v) for k, v in stats.items()},
                        "perf/step_s": dt, "perf/tokens_per_s": gen_tokens / dt}
+            # 6. monitors: statistics and alerts into the metrics, then the recipe's action
+            decision = monitor.after_step(step + 1, batch, metrics) if monitor is not None else None
+            if decision is not None:
+                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
             sink.log(step + 1, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            if decision is not None and monitor is not None:
+                if decision.stop:
+                    break
+                if decision.raise_kl:
+                    kl_coef = monitor.raised_kl(kl_coef)
     ckpt = save_checkpoint(out_dir, model, tokenizer, optimizer, a.steps, prompt_rng, sample_rng,
                            cfg.model_dump_json(indent=2))
     torch.save(value_head.state_dict(), ckpt / VALUE_HEAD_FILE)

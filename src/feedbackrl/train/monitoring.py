@@ -1,0 +1,40 @@
+"""What the on-policy loops need to act on the monitors: the default monitor and the rollback.
+
+The loops call `Monitor.after_step` once per step (see `feedbackrl.monitors.monitor`); these two
+helpers keep the loops' own edits to a few lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from feedbackrl.config import RunConfig
+from feedbackrl.models.load import load_policy
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
+
+
+def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None) -> Monitor | None:
+    """The monitor a caller passed in, else one built from the recipe's `[monitors]` (None when disabled)."""
+    if monitor is not None:
+        return monitor
+    return Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
+
+
+def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> int:
+    """Load the policy weights and optimizer state of the run's latest checkpoint; returns its step.
+
+    The RNGs are not restored: replaying the same samples would walk into the same hack.
+    """
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        raise CheckpointError(f"monitor asked for a rollback but {out_dir}/checkpoints holds no checkpoint")
+    saved = load_policy(str(ckpt))
+    with torch.no_grad():
+        model.load_state_dict(saved.state_dict())
+    state = load_trainer_state(ckpt)
+    optimizer.load_state_dict(state.optimizer)
+    return state.step
