@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from feedbackrl.cli_judge import judge_app
 from feedbackrl.cli_label import label_app
 from feedbackrl.cli_verify import verify_app
 
@@ -16,6 +17,7 @@ app = typer.Typer(help="RL post-training from verifiable rewards and human feedb
                   pretty_exceptions_enable=False)
 app.add_typer(verify_app, name="verify")
 app.add_typer(label_app, name="label")
+app.add_typer(judge_app, name="judge")
 
 DEMO_RECIPE = "reverse_grpo.toml"
 
