@@ -94,3 +94,18 @@ def test_raise_kl_turns_on_the_penalty(tiny_model_dir, tmp_path, algo):
 def test_ppo_refuses_rollback(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="PPO keeps no checkpoints"):
         run(tiny_model_dir, tmp_path, config(1, "rollback", "ppo"))
+
+
+def test_the_built_monitor_checks_gold_with_the_tasks_hidden_score(tmp_path):
+    from feedbackrl.envs.planted import PlantedReverse
+    from feedbackrl.train.monitoring import live_monitor
+
+    cfg = build_config({"monitors": {"gold_every": 4}})
+    task = PlantedReverse(hack="length_bias")
+    problem = task._problem("abcde")
+    mon = live_monitor(cfg, tmp_path, None, task)
+    # the proxy pays 1.0 for the answer padded to 10 letters; the gold check gives it 0
+    assert task.verify(problem, "edcbaxxxxx").score == 1.0
+    assert (mon.gold(problem, "edcbaxxxxx"), mon.gold(problem, "edcba")) == (0.0, 1.0)
+    assert live_monitor(build_config({}), tmp_path, None, task).gold is None  # no gold_every, no gold
+    assert live_monitor(build_config({"monitors": {"enabled": False}}), tmp_path, None, task) is None

@@ -91,7 +91,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             task.load_state_dict(state.task_state)
         start = state.step
         console.print(f"resumed from {resume_from} at step {start}")
-    monitor = live_monitor(cfg, out_dir, monitor)
+    monitor = live_monitor(cfg, out_dir, monitor, task)
     kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
     wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
     ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref else None

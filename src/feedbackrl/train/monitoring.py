@@ -12,16 +12,24 @@ from typing import Any
 import torch
 
 from feedbackrl.config import RunConfig
+from feedbackrl.data.labeller import gold_score_for
+from feedbackrl.envs.base import Task
 from feedbackrl.models.load import load_policy
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
 
 
-def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None) -> Monitor | None:
-    """The monitor a caller passed in, else one built from the recipe's `[monitors]` (None when disabled)."""
+def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None, task: Task) -> Monitor | None:
+    """The monitor a caller passed in, else one built from the recipe's `[monitors]` (None when disabled).
+
+    With `monitors.gold_every`, the built monitor's gold check is the task's hidden gold score
+    (`data.labeller.gold_score_for`; the verifier for tasks without one).
+    """
     if monitor is not None:
         return monitor
-    return Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
+    if not cfg.monitors.enabled:
+        return None
+    return Monitor(cfg.monitors, out_dir, gold_score_for(task) if cfg.monitors.gold_every else None)
 
 
 def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> int:

@@ -85,7 +85,7 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
     optimizer = adamw(params, lr=a.lr, weight_decay=0.0)
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
-    monitor = live_monitor(cfg, out_dir, monitor)
+    monitor = live_monitor(cfg, out_dir, monitor, task)
     if monitor is not None and monitor.needs_rollback:
         raise ConfigError("monitors.actions: PPO keeps no checkpoints to roll back to; use log, stop or raise_kl")
     kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
