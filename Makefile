@@ -21,6 +21,7 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 test-all: setup
@@ -28,8 +29,9 @@ test-all: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
-# the speed comparison with TRL (issue 5): `make bench`, or `make bench BENCH_ARGS="--quick --threads 1"`
+# the speed comparison with TRL: `make bench`, or `make bench BENCH_ARGS="--quick --threads 1"`
 BENCH_ARGS ?= --threads 1
 bench: setup
 	$(PY) -m pip install -q -e '.[bench]'

@@ -20,7 +20,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from feedbackrl.feedback.online import ACCURACY_MARKS, summarise
+from feedbackrl.train.online_labels import ACCURACY_MARKS, summarise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def run_one(out: Path, rule: str, seed: int, overrides: list[str]) -> Path:
     if (run_dir / "metrics.jsonl").is_file():  # another sweep is running it, or it crashed: never run twice
         print(f"skipping {run_dir}: started but unfinished (delete the directory to run it again)")
         return run_dir
-    cmd = [str(Path(sys.executable).parent / "feedbackrl"), "label", "online", str(ROOT / "recipes" / "online_rm.toml"),
+    cmd = [str(Path(sys.executable).parent / "feedbackrl"), "train", str(ROOT / "recipes" / "online_rm.toml"),
            "--out", str(run_dir), "--set", f"online.selection={rule}", "--set", f"train.seed={seed}"]
     for item in overrides:
         cmd += ["--set", item]
@@ -50,7 +50,7 @@ def rounds(run_dir: Path) -> list[dict]:
 def run_summary(run_dir: Path, marks: tuple[float, ...] = ACCURACY_MARKS) -> dict:
     """The run's report plus labels-to-reach each of `marks` and the last round's label statistics."""
     rows = rounds(run_dir)
-    report = json.loads((run_dir / "report.json").read_text())
+    report = json.loads((run_dir / "report.json").read_text())["online"]
     return {**report, **summarise(rows, marks), "gold_ties": rows[-1].get("labels/gold_ties", 0.0),
             "pairs": rows[-1].get("pairs", rows[-1]["labels"])}
 
@@ -67,7 +67,7 @@ def label_stats(run_dir: Path, temperature: float = 0.05) -> dict[int, dict[str,
         return float(text.strip() == problem.answer) if kind == "verifier" else reverse_gold(problem, text)
 
     kind = json.loads((run_dir / "config.json").read_text()).get("online", {}).get("gold", "task")
-    project = json.loads((run_dir / "report.json").read_text())["project_id"]
+    project = json.loads((run_dir / "report.json").read_text())["online"]["project_id"]
     con = sqlite3.connect(f"file:{run_dir / 'labels.db'}?mode=ro", uri=True)
     per_round: dict[int, list[tuple[float, float, float, float]]] = defaultdict(list)
     for prompt, responses, meta in con.execute("SELECT prompt, responses, meta FROM items WHERE project_id = ? "

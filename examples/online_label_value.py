@@ -26,22 +26,22 @@ import random
 import torch
 
 from feedbackrl.algos.pair_selection import _pair_index
-from feedbackrl.data.labeller import Labeller, gold_score_for, sample_candidates
+from feedbackrl.config import load_config
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for, sample_candidates
 from feedbackrl.envs.registry import make_task
-from feedbackrl.feedback.online import (
+from feedbackrl.feedback.client import answer_rows
+from feedbackrl.train.online_labels import (
     Fitted,
-    answer_rows,
     bootstrap_members,
     candidate_covariance,
     candidate_scores,
     choose_pairs,
     fit_reward_model,
     heldout_pairs,
-    load_online_config,
     with_gold,
 )
-from feedbackrl.train.pipeline import load_or_build
 from feedbackrl.train.preference import heldout_metrics
+from feedbackrl.train.run import load_or_build
 
 ORACLE = {
     "nontie": lambda x: x["gap"] != 0,
@@ -62,7 +62,7 @@ def main() -> None:
                     default=["random", "runner_up", "active", "contrast", "bald", "committee", *ORACLE])
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
-    cfg = load_online_config(args.recipe, [*args.overrides, f"train.seed={args.seed}"])
+    cfg = load_config(args.recipe, [*args.overrides, f"train.seed={args.seed}"])
     torch.set_num_threads(cfg.train.threads)
     task = make_task(cfg.task)
     policy, tok = load_or_build(cfg, "runs/online_label_value")  # type: ignore[arg-type]
@@ -73,7 +73,7 @@ def main() -> None:
     problems = [task.sample(rng) for _ in range(2 * args.base + cfg.online.pool * args.add)]
     cands = sample_candidates(policy, tok, problems, k, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
     by_prompt = {p.prompt: p for p in problems}
-    labeller = Labeller(gold, cfg.online.temperature, seed=seed + 1, tie_margin=cfg.online.tie_margin)
+    labeller = SimulatedLabeller(gold, cfg.online.temperature, seed=seed + 1, tie_margin=cfg.online.tie_margin)
 
     def label(p, a: str, b: str) -> list[dict]:
         return answer_rows(p.prompt, a, b, labeller.judge(p, a, b), cfg.online.train_on_ties)

@@ -22,11 +22,12 @@ import time
 
 import torch
 
-from feedbackrl.data.labeller import Labeller, gold_score_for, sample_candidates
+from feedbackrl.config import load_config
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for, sample_candidates
 from feedbackrl.envs.registry import make_task
-from feedbackrl.feedback.online import fit_reward_model, heldout_pairs, load_online_config, with_gold
-from feedbackrl.train.pipeline import load_or_build
+from feedbackrl.train.online_labels import fit_reward_model, heldout_pairs, with_gold
 from feedbackrl.train.preference import heldout_metrics
+from feedbackrl.train.run import load_or_build
 
 
 def main() -> None:
@@ -37,7 +38,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--setting", dest="settings", action="append", default=[])
     args = ap.parse_args()
-    cfg = load_online_config(args.recipe, args.overrides)
+    cfg = load_config(args.recipe, args.overrides)
     torch.set_num_threads(cfg.train.threads)
     task = make_task(cfg.task)
     policy, tok = load_or_build(cfg, "runs/online_rm_retrain_spread")  # type: ignore[arg-type]
@@ -47,7 +48,7 @@ def main() -> None:
     problems = [task.sample(rng) for _ in range(int(1.3 * args.labels))]  # ~85% have a pair
     cands = sample_candidates(policy, tok, problems, cfg.online.candidates, cfg.rollout.max_new_tokens,
                               cfg.rollout.temperature, gen)
-    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=1)
+    labeller = SimulatedLabeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=1)
     rows = []
     for p, c in zip(problems, cands, strict=True):
         if len(c) >= 2 and len(rows) < args.labels:
@@ -57,7 +58,7 @@ def main() -> None:
     pairs = with_gold(rows, {p.prompt: p for p in problems}, task, cfg.online.gold)
     for setting in args.settings or [""]:
         extra = [x for x in setting.split(",") if x]
-        run_cfg = load_online_config(args.recipe, args.overrides + extra)
+        run_cfg = load_config(args.recipe, args.overrides + extra)
         t0, accs = time.perf_counter(), []
         for seed in range(args.retrains):
             rm = fit_reward_model(run_cfg, policy, tok, pairs, seed).eval()

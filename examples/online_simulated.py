@@ -23,17 +23,17 @@ from pathlib import Path
 
 import torch
 
-from feedbackrl.data.labeller import Labeller, gold_score_for
+from feedbackrl.config import load_config
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for
 from feedbackrl.envs.registry import make_task
-from feedbackrl.feedback.online import (
-    answer_rows,
+from feedbackrl.feedback.client import answer_rows
+from feedbackrl.rewards.verdict import Problem
+from feedbackrl.train.online_labels import (
     heldout_pairs,
-    load_online_config,
     make_proposer,
     make_retrainer,
 )
-from feedbackrl.rewards.verdict import Problem
-from feedbackrl.train.pipeline import load_or_build
+from feedbackrl.train.run import load_or_build
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
-    cfg = load_online_config(args.recipe, args.overrides)
+    cfg = load_config(args.recipe, args.overrides)
     torch.set_num_threads(cfg.train.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     task = make_task(cfg.task)
@@ -53,7 +53,8 @@ def main() -> None:
     retrain, current = make_retrainer(cfg, policy, tok, task, heldout, problems)
     propose = make_proposer(cfg, policy, tok, task, current)
     gold = gold_score_for(task, cfg.online.gold)
-    labeller = Labeller(gold, cfg.online.temperature, seed=cfg.train.seed + 3, tie_margin=cfg.online.tie_margin)
+    labeller = SimulatedLabeller(gold, cfg.online.temperature, seed=cfg.train.seed + 3,
+                                 tie_margin=cfg.online.tie_margin)
     pairs: list[dict] = []
     t0, r, labels = time.perf_counter(), 0, 0
     with (args.out / "rounds.jsonl").open("w") as log:

@@ -78,3 +78,18 @@ def peaked_qwen(tokenizer):
             if p.dim() == 2 or name.endswith(".bias"):
                 p.normal_(0.0, 0.3, generator=gen)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A reward model on the tiny Llama with a random (not zero) head, saved as a reward_model run writes it."""
+    import torch
+
+    from feedbackrl.models.load import load_policy, load_tokenizer
+    from feedbackrl.models.reward import build_reward_model, save_reward_model
+
+    torch.manual_seed(0)
+    rm = build_reward_model(load_policy(str(tiny_model_dir)))
+    with torch.no_grad():  # the per-token head starts at 0 (every response scores the same): give it weights
+        rm.head.weight.normal_(0, 0.02)
+    return save_reward_model(rm, load_tokenizer(str(tiny_model_dir)), tmp_path_factory.mktemp("rm") / "rm")

@@ -1,5 +1,5 @@
 """The algorithm section is a union on `algo.name`; errors still name the field the user wrote,
-and `pipeline.run` dispatches on the name (GRPO against the verifier keeps its own path)."""
+and the run path dispatches on the name through one registry."""
 
 from pathlib import Path
 
@@ -48,7 +48,7 @@ def test_rloo_is_the_grpo_loop_without_std_scaling_by_default():
     pytest.param({"algo": {"name": "dpo", "loss": "kto"}}, "algo.loss: Input should be 'dpo', 'ipo' or 'pro'",
                  id="literal"),
     pytest.param({"algo": {"name": "sac"}}, "algo.name: unknown algorithm 'sac'; choose one of ('grpo', 'rloo', "
-                 "'ppo', 'dpo', 'reward_model')", id="unknown-name"),
+                 "'ppo', 'dpo', 'reward_model', 'online_reward_model', 'sft')", id="unknown-name"),
     pytest.param({"reward": {"modle": "x"}}, "reward.modle: unknown key", id="reward-typo"),
     pytest.param({"prefs": {"temperature": -1}}, "prefs.temperature: Input should be greater than or equal to 0",
                  id="prefs-range"),
@@ -94,29 +94,38 @@ def test_preference_recipes_load(recipe, name):
         assert cfg.reward.model and cfg.model.path != "tiny" and cfg.sft.steps == 0  # from a reward_model run
 
 
-@pytest.mark.parametrize("data, route", [
+def test_every_algorithm_in_the_config_has_one_registry_entry():
+    from feedbackrl.config import ALGO_NAMES
+    from feedbackrl.train.run import ALGORITHMS
+
+    assert sorted(ALGORITHMS) == sorted(ALGO_NAMES)
+
+
+@pytest.mark.parametrize("data, name", [
     ({"algo": {"name": "grpo"}}, "grpo"),
-    ({"algo": {"name": "rloo"}}, "grpo"),
-    ({"algo": {"name": "rloo"}, "reward": {"model": "rm"}}, "preference"),
-    ({"algo": {"name": "grpo"}, "reward": {"model": "rm"}}, "preference"),
-    ({"algo": {"name": "ppo"}}, "preference"),
-    ({"algo": {"name": "dpo"}}, "preference"),
-    ({"algo": {"name": "reward_model"}}, "preference"),
+    ({"algo": {"name": "rloo"}, "reward": {"model": "rm"}}, "rloo"),
+    ({"algo": {"name": "ppo"}}, "ppo"),
+    ({"algo": {"name": "dpo"}}, "dpo"),
+    ({"algo": {"name": "reward_model"}}, "reward_model"),
+    ({"algo": {"name": "online_reward_model"}}, "online_reward_model"),
+    ({"algo": {"name": "sft"}, "sft": {"steps": 1}}, "sft"),
 ])
-def test_pipeline_dispatches_on_the_algorithm(monkeypatch, tmp_path, data, route):
-    from feedbackrl.train import pipeline
+def test_the_run_path_dispatches_on_the_algorithm(monkeypatch, tmp_path, data, name):
+    """One path for every algorithm: the registry entry named by algo.name is what runs."""
+    from dataclasses import replace
+
+    from feedbackrl.train import run as run_path
 
     class Stop(Exception):
         pass
 
-    def grpo_path(*args, **kwargs):
-        raise Stop("grpo")
+    def called(run):
+        raise Stop(run.cfg.algo.name)
 
-    monkeypatch.setattr(pipeline, "run_preference", lambda *a, **k: "preference")
-    monkeypatch.setattr(pipeline, "make_task", grpo_path)  # the first thing the GRPO path does after setup
-    cfg = build_config({**data, "train": {"threads": 1}})
-    try:
-        got = pipeline.run(cfg, tmp_path)
-    except Stop as e:
-        got = str(e)
-    assert got == route
+    for key, entry in run_path.ALGORITHMS.items():
+        monkeypatch.setitem(run_path.ALGORITHMS, key, replace(entry, train=called))
+    monkeypatch.setattr(run_path, "training_reward", lambda cfg, task: task.verify_batch)  # no reward model on disk
+    cfg = build_config({"task": {"name": "reverse", "heldout_size": 2}, "train": {"threads": 1}, **data})
+    with pytest.raises(Stop) as e:
+        run_path.run(cfg, tmp_path)
+    assert str(e.value) == name

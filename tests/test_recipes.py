@@ -14,12 +14,7 @@ RECIPES = sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.to
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_recipe_validates(path):
-    if path.name.startswith("online_"):  # `feedbackrl label online` recipes
-        from feedbackrl.feedback.online import load_online_config
-
-        load_online_config(path)
-    else:
-        load_config(path)
+    load_config(path)
 
 
 def test_the_recipes_are_found():

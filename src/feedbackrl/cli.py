@@ -39,7 +39,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
     from feedbackrl.config import load_config
-    from feedbackrl.train.pipeline import run
+    from feedbackrl.train.run import run
 
     try:
         cfg = load_config(recipe, overrides)
@@ -77,7 +77,7 @@ def eval_(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir o
     from feedbackrl.config import load_config
     from feedbackrl.envs.registry import make_task
     from feedbackrl.models.load import load_policy, load_tokenizer
-    from feedbackrl.train.pipeline import run_eval, set_threads
+    from feedbackrl.train.run import run_eval, set_threads
 
     try:
         cfg = load_config(recipe, set_ or [])

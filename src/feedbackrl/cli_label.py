@@ -181,33 +181,3 @@ def export(project: Annotated[str, typer.Argument(help="project name")],
         rows = export_rows(s, get_project(s, project), format)  # type: ignore[arg-type]
     write_jsonl(rows, out)
     typer.echo(f"wrote {len(rows)} {format} row(s) to {out}")
-
-
-@label_app.command()
-def online(recipe: Annotated[Path | None, typer.Argument(help="recipe TOML, e.g. recipes/online_rm.toml")] = None,
-           out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/online"),
-           set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. online.selection=random")]
-           = None) -> None:
-    """The online reward-model loop: sample from the policy, label over HTTP, retrain, choose the next pairs.
-
-    Serves the app on 127.0.0.1 in this process; a simulated labeller answers through the API.
-    Writes OUT/metrics.jsonl (held-out accuracy against labels), OUT/report.json, OUT/labels.db.
-    """
-    from feedbackrl.config import ConfigError
-    from feedbackrl.feedback.online import load_online_config, run_online
-    from feedbackrl.log import JsonlSink, console
-    from feedbackrl.train.pipeline import start_run
-
-    try:
-        cfg = load_online_config(recipe, set_ or [])
-    except ConfigError as e:
-        _fail(str(e))
-    out_dir = start_run(cfg, out)  # type: ignore[arg-type]
-    sink = JsonlSink(out_dir / "metrics.jsonl")
-    try:
-        report = run_online(cfg, out_dir, sink)
-    finally:
-        sink.close()
-    marks = ", ".join(f"{k.removeprefix('labels_to_')}: {v}" for k, v in report.items() if k.startswith("labels_to_"))
-    console.print(f"{report['selection']}: held-out accuracy {report['final_accuracy']:.3f} after {report['labels']} "
-                  f"labels (ceiling {report['heldout_ceiling']['expected']:.3f}); labels to reach {marks}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -117,14 +117,40 @@ class RewardModelConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
 
 
-AlgoConfig = Annotated[GRPOConfig | RLOOConfig | PPOConfig | DPOConfig | RewardModelConfig,
-                       Field(discriminator="name")]
-ALGO_NAMES = ("grpo", "rloo", "ppo", "dpo", "reward_model")
+class OnlineRewardModelConfig(RewardModelConfig):
+    """The online labelling loop: the reward model retrains as labels arrive over the app's API ([online])."""
+
+    name: Literal["online_reward_model"] = Field("online_reward_model", description="algorithm")
+
+
+class SFTOnlyConfig(Section):
+    """Supervised fine-tuning as the algorithm itself (the [sft] section's settings), evaluated before and after."""
+
+    name: Literal["sft"] = Field("sft", description="algorithm")
+
+
+# One config class per algorithm, told apart by `name`; the run path looks the name up in
+# `feedbackrl.train.run.ALGORITHMS`. A new algorithm adds its class here.
+ALGO_CONFIGS = (GRPOConfig, RLOOConfig, PPOConfig, DPOConfig, RewardModelConfig, OnlineRewardModelConfig, SFTOnlyConfig)
+AlgoConfig = Annotated[Union[ALGO_CONFIGS], Field(discriminator="name")]  # noqa: UP007 (a union built from a tuple)
+ALGO_NAMES = tuple(c.model_fields["name"].default for c in ALGO_CONFIGS)
 ONLINE_ALGOS = ("grpo", "rloo", "ppo")
 
 
 class RewardConfig(Section):
-    model: str = Field("", description='"" = the task\'s verifier; else a reward model dir (from a reward_model run)')
+    """The reward of online RL: the task's verifier unless `source` names a reward source (or a composition
+    of them, docs/rewards.md) whose options sit beside it; `model = DIR` is short for a learned reward."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)  # a source's options; checked below
+    model: str = Field("", description='a reward model dir (from a reward_model run); short for source="learned"')
+    source: str = Field("", description='reward source name, see docs/rewards.md; "" = the task\'s verifier')
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> RewardConfig:
+        from feedbackrl.rewards.registry import check_reward  # here: rewards builds on this module
+
+        check_reward(self)
+        return self
 
 
 class PrefsConfig(Section):
@@ -135,6 +161,36 @@ class PrefsConfig(Section):
     heldout_prompts: int = Field(400, ge=1, description="held-out prompts labelled for evaluation")
     responses: int = Field(2, ge=2, le=16, description="responses per prompt: 2 = pairs, more = rankings (loss pro)")
     temperature: float = Field(0.05, ge=0, description="labeller noise: P(a > b) = sigmoid((gold_a - gold_b) / T)")
+
+
+class OnlineConfig(Section):
+    selection: Literal["runner_up", "contrast", "widest", "top", "committee", "bald", "active", "random",
+                       "mixed"] = Field(
+        "random", description="how pairs are chosen (docs/human_feedback.md): random prompts and the reward "
+        "model's best candidate against its runner-up (runner_up) or the pair it scores furthest apart "
+        "(contrast); the prompts where that gap is widest (widest) or whose best "
+        "candidate scores highest (top); most "
+        "informative by committee disagreement (committee) or under a Laplace posterior of the head (bald); "
+        "least certain (active); random; half active (mixed)")
+    committee: int = Field(4, ge=2, le=16, description="committee: reward models trained per round (1 + resamples)")
+    prior_precision: float = Field(1.0, gt=0, description="bald: precision of the Gaussian prior on the reward head")
+    labels: int = Field(600, ge=1, description="label budget: the run stops after this many labels")
+    retrain_every: int = Field(100, ge=1, description="N: labels per round; the reward model retrains after each")
+    candidates: int = Field(4, ge=2, le=16, description="K: distinct responses sampled per prompt")
+    pool: int = Field(4, ge=1, le=64, description="prompts sampled per label wanted (active keeps the least sure)")
+    heldout_prompts: int = Field(1000, ge=1, description="held-out prompts, one pair each, labelled once")
+    temperature: float = Field(0.05, ge=0, description="labeller noise: P(a > b) = sigmoid((gold_a - gold_b) / T)")
+    tie_margin: float | None = Field(
+        None, ge=0, description="the labeller answers 'tie' when the two gold scores are within this margin (ties "
+        "train nothing and held-out ties are dropped); none = it always picks a side")
+    train_on_ties: bool = Field(False, description="fetch the labeller's ties too and train them with target 1/2 "
+                                "(off: a tie is a label spent that trains nothing; on measured lower held-out "
+                                "accuracy, docs/human_feedback.md)")
+    gold: Literal["task", "verifier"] = Field(
+        "task", description="the simulated labeller's hidden gold: the task's graded score (reverse: partial credit "
+        "for near misses) or its verifier's pass/fail (a labeller who only asks 'is it right?')")
+    db: str = Field("", description='labelling database URL or SQLite path; "" = OUT/labels.db')
+    wait_s: float = Field(600, gt=0, description="how long to wait for a round's labels before giving up")
 
 
 class EvalConfig(Section):
@@ -150,7 +206,7 @@ class TrainConfig(Section):
     tensorboard: bool = Field(False, description="also log to TensorBoard (needs the tensorboard extra)")
     device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$", description=(
         "where the policy trains and generates: 'cpu', 'cuda', 'cuda:N', or 'auto' (a GPU when torch sees one); "
-        "the SFT + GRPO/RLOO pipeline only, so far"))
+        "grpo and rloo so far; the other algorithms run on the CPU"))
     micro_batch_size: int = Field(0, ge=0, description=(
         "online RL: completions per training forward/backward; each minibatch's gradient is accumulated over "
         "chunks this size (the same gradient up to float rounding, less activation memory); 0 = the whole "
@@ -186,6 +242,7 @@ class RunConfig(Section):
     algo: AlgoConfig = Field(default_factory=GRPOConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     prefs: PrefsConfig = Field(default_factory=PrefsConfig)
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
@@ -220,6 +277,11 @@ class RunConfig(Section):
             raise ValueError(f"prefs.db gives pairs: prefs.responses must be 2, got {p.responses}")
         if a.name == "reward_model" and self.prefs.responses != 2:
             raise ValueError(f"the reward model trains on pairs: prefs.responses must be 2, got {self.prefs.responses}")
+        if a.name == "sft" and not self.sft.steps:
+            raise ValueError("algo.name = 'sft' trains sft.steps steps on the task's demonstrations: set sft.steps > 0")
+        if a.name == "online_reward_model" and a.kind != "reward":
+            raise ValueError("algo.kind must be 'reward' for online_reward_model: the loop learns what the labeller "
+                             "prefers")
         if self.reward.model and a.name not in ONLINE_ALGOS:
             raise ValueError(f"reward.model is the reward of online RL ({', '.join(ONLINE_ALGOS)}); "
                              f"algo.name={a.name!r} does not use it")
@@ -241,7 +303,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             lines.append(f"  {loc}.name: unknown algorithm {e['input'].get('name')!r}; choose one of {ALGO_NAMES}")
         elif e["type"] == "union_tag_not_found":
             lines.append(f"  {loc}.name: missing; choose one of {ALGO_NAMES}")
-        elif not e["loc"]:  # a cross-field check: its message names the fields; the input is the whole recipe
+        elif not e["loc"] or (e["type"] == "value_error" and e["msg"].startswith(f"Value error, {loc}")):
+            # a cross-field or section check: its message names the fields; the input is the whole section
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         elif e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key (value {e['input']!r}); check the spelling, "

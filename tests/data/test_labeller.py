@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from feedbackrl.data.labeller import (
-    Labeller,
+    SimulatedLabeller,
     choice_probability,
     gold_cost_for,
     gold_score_for,
@@ -74,7 +74,7 @@ def test_choice_probability_by_hand():
 
 
 def test_noise_free_labeller_always_picks_the_gold_better():
-    labeller = Labeller(reverse_gold, temperature=0.0, seed=0)
+    labeller = SimulatedLabeller(reverse_gold, temperature=0.0, seed=0)
     for a, b in [("edcba", "abcde"), ("edcbx", "edc"), ("edcbaa", "edcbx"), ("abcde", "")]:
         better, worse = (a, b) if reverse_gold(WORD, a) > reverse_gold(WORD, b) else (b, a)
         for _ in range(50):
@@ -83,28 +83,28 @@ def test_noise_free_labeller_always_picks_the_gold_better():
 
 
 def test_noise_free_ties_are_coin_flips():
-    labeller = Labeller(reverse_gold, temperature=0.0, seed=0)
+    labeller = SimulatedLabeller(reverse_gold, temperature=0.0, seed=0)
     firsts = [labeller.choose(WORD, "edcbx", "xdcba")[0] for _ in range(400)]  # both 0.64
     assert 150 < firsts.count("edcbx") < 250, firsts.count("edcbx")
 
 
 def test_judge_says_tie_within_the_margin_and_otherwise_picks_a_side():
     # gold: edcbx 0.64, xdcba 0.64, edcbaa 0.72, edcba 1.0
-    never = Labeller(reverse_gold, temperature=0.0, seed=0)
+    never = SimulatedLabeller(reverse_gold, temperature=0.0, seed=0)
     assert {never.judge(WORD, "edcbx", "xdcba") for _ in range(50)} == {"a", "b"}  # no margin: coin flips
-    exact = Labeller(reverse_gold, temperature=0.0, seed=0, tie_margin=0.0)
+    exact = SimulatedLabeller(reverse_gold, temperature=0.0, seed=0, tie_margin=0.0)
     assert exact.judge(WORD, "edcbx", "xdcba") == "tie"
     assert (exact.judge(WORD, "edcbx", "edcbaa"), exact.judge(WORD, "edcba", "edcbx")) == ("b", "a")
-    wide = Labeller(reverse_gold, temperature=0.0, seed=0, tie_margin=0.1)
+    wide = SimulatedLabeller(reverse_gold, temperature=0.0, seed=0, tie_margin=0.1)
     assert wide.judge(WORD, "edcbx", "edcbaa") == "tie" and wide.judge(WORD, "edcba", "edcbaa") == "a"
     with pytest.raises(ValueError, match="tie_margin must be >= 0"):
-        Labeller(reverse_gold, tie_margin=-0.1)
+        SimulatedLabeller(reverse_gold, tie_margin=-0.1)
 
 
 def test_noisy_choice_frequency_matches_bradley_terry():
     # gold 0.64 vs 0.72 at T = 0.1: P(edcbaa chosen) = sigmoid(0.8) = 0.6899745.
     # 4000 draws: std sqrt(p(1-p)/n) = 0.0073, so +-0.03 is over 4 sigma.
-    labeller = Labeller(reverse_gold, temperature=0.1, seed=1)
+    labeller = SimulatedLabeller(reverse_gold, temperature=0.1, seed=1)
     n = 4000
     wins = sum(labeller.choose(WORD, "edcbx", "edcbaa")[0] == "edcbaa" for _ in range(n))
     assert abs(wins / n - 0.6899745) < 0.03, wins / n
@@ -112,16 +112,16 @@ def test_noisy_choice_frequency_matches_bradley_terry():
 
 def test_rankings_are_plackett_luce_draws():
     # Noise-free: sorted by gold. Two responses: the first place follows Bradley-Terry.
-    exact = Labeller(reverse_gold, temperature=0.0)
+    exact = SimulatedLabeller(reverse_gold, temperature=0.0)
     assert exact.rank(WORD, ["abcde", "edcba", "edc", "edcbx"]) == ["edcba", "edcbx", "edc", "abcde"]
-    noisy = Labeller(reverse_gold, temperature=0.1, seed=2)
+    noisy = SimulatedLabeller(reverse_gold, temperature=0.1, seed=2)
     n = 4000
     wins = sum(noisy.rank(WORD, ["edcbx", "edcbaa"])[0] == "edcbaa" for _ in range(n))
     assert abs(wins / n - 0.6899745) < 0.03, wins / n
 
 
 def test_labeller_is_deterministic_given_its_seed():
-    a, b = Labeller(reverse_gold, 0.2, seed=5), Labeller(reverse_gold, 0.2, seed=5)
+    a, b = SimulatedLabeller(reverse_gold, 0.2, seed=5), SimulatedLabeller(reverse_gold, 0.2, seed=5)
     pairs = [("edcbx", "edcbaa"), ("edc", "abcde")] * 20
     assert [a.choose(WORD, x, y) for x, y in pairs] == [b.choose(WORD, x, y) for x, y in pairs]
 
@@ -142,7 +142,7 @@ def test_rows_load_with_the_preference_loaders(tmp_path):
     problems = [task.sample(random.Random(i)) for i in range(3)]
     cands = [[p.answer, p.meta["word"], p.answer[:-1]] for p in problems]
     cands[1] = cands[1][:1]  # one candidate only: skipped
-    pairs = label_rows(Labeller(reverse_gold, temperature=0.05, seed=0), problems, cands, k=2)
+    pairs = label_rows(SimulatedLabeller(reverse_gold, temperature=0.05, seed=0), problems, cands, k=2)
     loaded, dropped = load_preference_pairs(write_jsonl(pairs, tmp_path / "pairs.jsonl"))
     assert not dropped and [x.prompt for x in loaded] == [problems[0].prompt, problems[2].prompt]
     for problem, item in zip([problems[0], problems[2]], loaded, strict=True):
@@ -150,7 +150,7 @@ def test_rows_load_with_the_preference_loaders(tmp_path):
         assert item.meta["gold_chosen"] == reverse_gold(problem, item.chosen)
         assert math.isclose(item.meta["p_chosen"], choice_probability(item.meta["gold_chosen"],
                                                                        item.meta["gold_rejected"], 0.05))
-    ranks = label_rows(Labeller(reverse_gold, temperature=0.0), problems, cands, k=3)
+    ranks = label_rows(SimulatedLabeller(reverse_gold, temperature=0.0), problems, cands, k=3)
     loaded, _ = load_rankings(write_jsonl(ranks, tmp_path / "ranks.jsonl"))
     assert [r.responses[0] for r in loaded] == [problems[0].answer, problems[2].answer]  # T = 0: gold order
     assert all(r.meta["gold"] == sorted(r.meta["gold"], reverse=True) for r in loaded)
@@ -177,7 +177,7 @@ def test_safety_labeller_rows_put_the_costlier_first_with_safe_unsafe_labels(tmp
     # "edcba" (1 a), "aedcba" (2 a), "edcb" (0 a): noise-free, the costlier one is `chosen`
     problems = [WORD, WORD, WORD]
     cands = [["edcb", "edcba"], ["aedcba", "edcba"], ["edcb", "bcde"]]
-    labeller = Labeller(reverse_harm, temperature=0.0, seed=0, kind="cost")
+    labeller = SimulatedLabeller(reverse_harm, temperature=0.0, seed=0, kind="cost")
     rows = label_rows(labeller, problems, cands, k=2)
     assert [(r["chosen"], r["rejected"]) for r in rows[:2]] == [("edcba", "edcb"), ("aedcba", "edcba")]
     assert [(r["chosen_unsafe"], r["rejected_unsafe"]) for r in rows] == [(True, False), (True, True),
@@ -186,7 +186,7 @@ def test_safety_labeller_rows_put_the_costlier_first_with_safe_unsafe_labels(tmp
     loaded, dropped = load_preference_pairs(write_jsonl(rows, tmp_path / "cost.jsonl"))
     assert not dropped and loaded[0].meta["chosen_unsafe"] is True
     with pytest.raises(ValueError, match="kind"):
-        Labeller(reverse_harm, kind="harm")
+        SimulatedLabeller(reverse_harm, kind="harm")
 
 
 def test_sample_candidates_are_distinct_and_non_empty(peaked_lm, tokenizer):

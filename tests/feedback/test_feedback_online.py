@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -11,22 +12,16 @@ import torch
 from sqlalchemy import select
 
 from feedbackrl.algos.pair_selection import contrast_pairs
-from feedbackrl.data.labeller import Labeller
+from feedbackrl.config import load_config
+from feedbackrl.data.labeller import SimulatedLabeller
 from feedbackrl.feedback.app import create_app
-from feedbackrl.feedback.online import (
-    AdminApi,
-    HttpLabeller,
-    Round,
-    choose_pairs,
-    load_online_config,
-    online_loop,
-    run_online,
-    summarise,
-)
+from feedbackrl.feedback.client import AdminApi, HttpLabeller
 from feedbackrl.feedback.server import LiveServer
 from feedbackrl.feedback.store import Label, create_labeller, open_db
 from feedbackrl.log import JsonlSink, read_jsonl
 from feedbackrl.rewards.verdict import Problem
+from feedbackrl.train.online_labels import Round, choose_pairs, online_loop, summarise
+from feedbackrl.train.run import run
 
 # Four prompts, K = 3. Least certain pairs: prompt 0 (0, 1) |diff| 0.5; prompt 1 none (one
 # candidate); prompt 2 (1, 2) |diff| 0.1; prompt 3 (0, 2) |diff| 2.0.
@@ -105,7 +100,7 @@ def test_summary_counts_labels_to_reach_each_accuracy():
 
 def test_label_gold_stats_count_agreement_and_ties():
     from feedbackrl.data.preferences import PreferencePair
-    from feedbackrl.feedback.online import label_gold_stats
+    from feedbackrl.train.online_labels import label_gold_stats
 
     golds = [(1.0, 0.5), (0.2, 0.2), (0.0, 0.8)]  # agrees, a gold tie (counts one half), disagrees
     pairs = [PreferencePair("p", "c", "r", {"gold_chosen": c, "gold_rejected": r}) for c, r in golds]
@@ -116,7 +111,7 @@ def reverse_gold(problem: Problem, completion: str) -> float:
     return float(completion == problem.answer)
 
 
-def run_loop(sessions, tmp_path, labeller: Labeller, propose, retrain, labels: int, every: int,
+def run_loop(sessions, tmp_path, labeller: SimulatedLabeller, propose, retrain, labels: int, every: int,
              ties: bool = False) -> tuple[list[dict], int]:
     """The real online loop against a live app, with the simulated labeller over HTTP; metrics go to
     tmp_path/metrics.jsonl. -> (every pair fetched, how many labels the labeller submitted)."""
@@ -154,7 +149,7 @@ def test_loop_retrains_every_n_labels_and_counts_each_label_once(sessions, tmp_p
         seen.append([p["label_id"] for p in pairs])
         return {"rm/heldout_accuracy": 0.5}
 
-    pairs, submitted = run_loop(sessions, tmp_path, Labeller(reverse_gold, 0.0), propose, retrain, 25, 10)
+    pairs, submitted = run_loop(sessions, tmp_path, SimulatedLabeller(reverse_gold, 0.0), propose, retrain, 25, 10)
     assert [len(x) for x in seen] == [0, 10, 20, 25]
     assert all(seen[i] == seen[i + 1][: len(seen[i])] for i in range(3))  # each round only adds
     with sessions() as s:
@@ -182,7 +177,7 @@ def test_loop_counts_tie_answers_as_labels_and_fetches_them_as_tie_rows(sessions
         seen.append(list(pairs))
         return {"rm/heldout_accuracy": 0.5}
 
-    labeller = Labeller(reverse_gold, 0.0, tie_margin=0.0)
+    labeller = SimulatedLabeller(reverse_gold, 0.0, tie_margin=0.0)
     pairs, submitted = run_loop(sessions, tmp_path, labeller, propose, retrain, 8, 4, ties=True)
     assert submitted == 8 and len(pairs) == 8 and [len(x) for x in seen] == [0, 4, 8]
     ties = [p for p in pairs if p.get("tie")]
@@ -200,7 +195,7 @@ def test_labeller_errors_stop_the_loop_instead_of_hanging(sessions, tmp_path):
     with LiveServer(create_app(sessions=sessions)) as server:
         api = AdminApi(server.url, admin)
         api.setup("online", "sim")
-        worker = HttpLabeller(server.url, "wrong-token", api.project, Labeller(reverse_gold, 0.0), {})
+        worker = HttpLabeller(server.url, "wrong-token", api.project, SimulatedLabeller(reverse_gold, 0.0), {})
         worker.start()
         worker.join(timeout=10)
         assert isinstance(worker.error, httpx.HTTPStatusError) and worker.error.response.status_code == 401
@@ -212,14 +207,12 @@ def test_labeller_errors_stop_the_loop_instead_of_hanging(sessions, tmp_path):
 
 
 def test_online_run_end_to_end_over_http(tiny_model_dir, tmp_path):
-    cfg = load_online_config(None, [
+    cfg = load_config(None, ["algo.name='online_reward_model'",
         f"model.path={json.dumps(str(tiny_model_dir))}", "task.name=reverse", "rollout.max_new_tokens=6",
         "algo.epochs=1", "algo.batch_size=4", "online.labels=12", "online.retrain_every=6",
         "online.heldout_prompts=16", "online.pool=2", "train.threads=1"])
-    sink = JsonlSink(tmp_path / "metrics.jsonl")
-    report = run_online(cfg, tmp_path, sink)
-    sink.close()
-    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    report = run(cfg, tmp_path)["online"]
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("phase") == "online"]
     assert [r["labels"] for r in rows] == [0, 6, 12] and report["labels"] == report["labeller_submitted"] == 12
     assert all(0 <= r["rm/heldout_accuracy"] <= 1 for r in rows) and report["heldout_pairs"] > 0
     with open_db(str(tmp_path / "labels.db"))() as s:
@@ -233,14 +226,12 @@ def test_model_driven_rules_run_in_the_loop(rule, tiny_model_dir, tmp_path):
     round 2's pairs from a trained reward model; bald records the posterior variance of each chosen pair."""
     from feedbackrl.feedback.store import Item
 
-    cfg = load_online_config(None, [
+    cfg = load_config(None, ["algo.name='online_reward_model'",
         f"model.path={json.dumps(str(tiny_model_dir))}", "task.name=reverse", "rollout.max_new_tokens=6",
         "algo.epochs=1", "algo.batch_size=4", "online.labels=12", "online.retrain_every=6",
         "online.heldout_prompts=16", "online.pool=2", "online.committee=2", "train.threads=1",
         f"online.selection={rule}"])
-    sink = JsonlSink(tmp_path / "metrics.jsonl")
-    report = run_online(cfg, tmp_path, sink)
-    sink.close()
+    report = run(cfg, tmp_path)["online"]
     assert report["labels"] == 12
     with open_db(str(tmp_path / "labels.db"))() as s:
         metas = [x.meta for x in s.scalars(select(Item)).all()]
@@ -254,7 +245,8 @@ def test_cli_names_a_bad_selection_rule(tmp_path):
 
     from feedbackrl.cli import app
 
-    result = CliRunner().invoke(app, ["label", "online", "--out", str(tmp_path), "--set", "online.selection=best"])
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "online_rm.toml"
+    result = CliRunner().invoke(app, ["train", str(recipe), "--out", str(tmp_path), "--set", "online.selection=best"])
     assert result.exit_code == 2
     assert ("online.selection: Input should be 'runner_up', 'contrast', 'widest', 'top', 'committee', 'bald', "
             "'active', 'random' or 'mixed' (got 'best')") in result.output

@@ -105,8 +105,42 @@ CASES = [
      "my answer is yes.", False),
 ]
 
+# Where a naive rule and IFEval's reference (punkt sentences, the end checker's quote stripping,
+# the title checker's blank check) disagree: these follow the reference.
+EXACTLY_2_SENTENCES = {"id": "length_sentences", "relation": "exactly", "num": 2}
+REFERENCE_CASES = [
+    ("sentences-closing-quote", EXACTLY_2_SENTENCES, 'He said "stop." Then he left.', True),
+    ("sentences-closing-curly-quote", EXACTLY_2_SENTENCES, "He shouted “stop!” Then he ran.", True),
+    ("sentences-closing-single-quote", EXACTLY_2_SENTENCES, "She asked 'why?' Then she left.", True),
+    ("sentences-title-abbreviation", EXACTLY_2_SENTENCES, "Dr. Smith came. He sat.", True),
+    ("sentences-initials", EXACTLY_2_SENTENCES, "J. R. R. Tolkien wrote it. It sold.", True),
+    ("sentences-acronym", EXACTLY_2_SENTENCES, "The U.S. is big. Really big.", True),
+    ("sentences-ellipsis-lowercase-continues", EXACTLY_2_SENTENCES, "Wait... what? Yes!", True),
+    ("sentences-inside-whole-quotes", EXACTLY_2_SENTENCES, '"First one. Second one."', True),
+    ("sentences-three-not-two", EXACTLY_2_SENTENCES, "Hello!!! How are you?? Fine.", False),
+    ("sentences-abbreviation-not-a-split", {"id": "length_sentences", "relation": "at least", "num": 3},
+     "Mr. and Mrs. Smith left at 5 p.m. today. Then rain.", False),
+    ("sentence-max-words-abbreviation", {"id": "sentence_max_words", "num": 3}, "Dr. Who came. He sat.", True),
+    ("ends-with-inside-quotes", {"id": "ends_with", "phrase": "Is there anything else I can help with?"},
+     '"Here it is. Is there anything else I can help with?"', True),
+    ("ends-with-inside-curly-quotes", {"id": "ends_with", "phrase": "the end."}, "“Story... The end.”", True),
+    ("ends-with-text-after-quotes", {"id": "ends_with", "phrase": "the end."}, '"The end." Bye', False),
+    ("title-blank", {"id": "title"}, "<< >> a poem without a title", False),
+    ("title-tab-and-space", {"id": "title"}, "<<\t >>\nroses", False),
+    ("title-blank-then-real", {"id": "title"}, "<< >> then <<Real Title>>", True),
+]
 
-@pytest.mark.parametrize(("spec", "response", "passes"), [pytest.param(*c[1:], id=c[0]) for c in CASES])
+
+def test_quoted_answer_can_also_end_with_the_phrase() -> None:
+    """Two constraints that used to contradict each other: wrap in quotes + end with a phrase."""
+    verifier = ConstraintsVerifier.from_specs([{"id": "quotation_wrap"}, {"id": "ends_with", "phrase": "Goodbye."}])
+    verdict = verifier(Problem("p", None), '"All done. Goodbye."')
+    assert (verdict.score, verdict.passed) == (1.0, True), verdict.reason
+
+
+
+@pytest.mark.parametrize(("spec", "response", "passes"),
+                         [pytest.param(*c[1:], id=c[0]) for c in [*CASES, *REFERENCE_CASES]])
 def test_checker_case(spec: dict, response: str, passes: bool) -> None:
     passed, why = load_constraint(spec).check(response)
     assert passed is passes, why

@@ -209,3 +209,17 @@ def test_judge_quality_command_on_a_perfect_and_a_position_biased_scripted_judge
         20, 1.0, 0.0, 1.0)
     biased = run("--position-bias", "1.0")  # always "A": every pair flips with the order, agreement is chance
     assert (biased["agreement"], biased["position_bias_rate"]) == (0.5, 1.0)
+
+
+def test_a_recipe_reward_section_builds_the_judge_from_the_registry():
+    from feedbackrl.config import build_config
+    from feedbackrl.rewards.registry import build_reward
+
+    app = chat_app(RuleJudge(gold, ("right",), 1, 5))
+    with LiveServer(app) as server:
+        cfg = build_config({"reward": {"source": "judge", "judge_model": "scripted", "base_url": server.url + "/v1",
+                                       "criteria": {"right": "the word backwards"}, "low": 1, "high": 5}})
+        reward = build_reward(cfg.reward, lambda problems, completions: [])
+        verdicts = reward([PROBLEM, PROBLEM], ["cba", "abc"])
+    assert [(v.score, v.passed) for v in verdicts] == [(1.0, True), (0.0, False)]
+    assert "the word backwards" in app.state.requests[0][0]["content"]

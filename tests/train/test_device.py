@@ -1,7 +1,7 @@
-"""`train.device`: where the SFT + GRPO/RLOO pipeline puts the policy.
+"""`train.device`: where the run path puts the policy.
 
 The CPU tests check the errors (a GPU asked for where there is none, a device name that is not one, a
-pipeline that does not support it yet), each raised before anything is written. The `gpu` test runs the
+algorithm that does not support it yet), each raised before anything is written. The `gpu` test runs the
 demo recipe on CUDA (skipped without one): `pytest -m gpu tests/train/test_device.py` on a GPU machine.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from feedbackrl.config import ConfigError, build_config, load_config
-from feedbackrl.train import pipeline
+from feedbackrl.train import run as run_path
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where torch sees no GPU")
 
@@ -22,7 +22,7 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error 
 def test_a_gpu_asked_for_where_there_is_none_is_a_clear_error_before_any_work(tmp_path: Path):
     cfg = build_config({"task": {"name": "reverse"}, "train": {"device": "cuda"}})
     with pytest.raises(ConfigError, match="train.device = 'cuda' but torch sees no CUDA device"):
-        pipeline.run(cfg, tmp_path / "run")
+        run_path.run(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing started, nothing to clean up
 
 
@@ -34,15 +34,15 @@ def test_a_device_name_that_is_not_one_is_rejected_by_the_config():
 
 @no_gpu
 def test_auto_is_the_cpu_without_a_gpu():
-    assert pipeline.resolve_device("auto") == torch.device("cpu")
-    assert pipeline.resolve_device("cpu") == torch.device("cpu")
+    assert run_path.resolve_device("auto") == torch.device("cpu")
+    assert run_path.resolve_device("cpu") == torch.device("cpu")
 
 
-def test_pipelines_without_device_support_refuse_a_gpu(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(pipeline, "resolve_device", lambda name: torch.device(name))  # as if a GPU were here
+def test_algorithms_without_device_support_refuse_a_gpu(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(run_path, "resolve_device", lambda name: torch.device(name))  # as if a GPU were here
     cfg = build_config({"algo": {"name": "dpo"}, "train": {"device": "cuda"}})
-    with pytest.raises(ConfigError, match="only the SFT \\+ GRPO/RLOO pipeline runs off the CPU"):
-        pipeline.run(cfg, tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"algo.name = 'dpo' runs on the CPU only so far \(off the CPU: grpo, rloo\)"):
+        run_path.run(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
@@ -50,9 +50,10 @@ def test_pipelines_without_device_support_refuse_a_gpu(tmp_path: Path, monkeypat
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_demo_recipe_learns_on_a_gpu(tmp_path: Path):
     cfg = load_config(Path(__file__).parents[2] / "src/feedbackrl/recipes/reverse_grpo.toml", ["train.device=cuda"])
-    report = pipeline.run(cfg, tmp_path / "run")
+    report = run_path.run(cfg, tmp_path / "run")
     before, after = report["eval_before"]["accuracy"], report["eval_after"]["accuracy"]
     # on the CPU the same recipe goes 0.385 -> 0.775; the GPU's float rounding samples other tokens
     assert after > before + 0.15, f"held-out accuracy {before:.3f} -> {after:.3f}"
     print(f"GPU demo: {before:.3f} -> {after:.3f}, pass@8 {report['eval_before']['pass@8']:.3f} -> "
-          f"{report['eval_after']['pass@8']:.3f}, RL {report['rl_seconds']:.1f} s, wall {report['wall_seconds']:.1f} s")
+          f"{report['eval_after']['pass@8']:.3f}, training {report['train_seconds']:.1f} s, "
+          f"wall {report['wall_seconds']:.1f} s")

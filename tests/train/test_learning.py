@@ -12,7 +12,7 @@ from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, read_jsonl
 from feedbackrl.models.tiny import build_model, build_tokenizer
 from feedbackrl.train.grpo import train_grpo
-from feedbackrl.train.pipeline import run_eval
+from feedbackrl.train.run import run_eval
 from feedbackrl.train.sft import sft_warmstart
 
 # Short words over 5 letters; the annotator copies instead of reversing 4+-letter words 70% of

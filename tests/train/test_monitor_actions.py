@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from feedbackrl.config import ConfigError, RunConfig, build_config
+from feedbackrl.config import RunConfig, build_config
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.log import MemorySink, read_jsonl
 from feedbackrl.models.load import load_policy, load_tokenizer
@@ -91,9 +91,12 @@ def test_raise_kl_turns_on_the_penalty(tiny_model_dir, tmp_path, algo):
         assert sink.rows[0][1]["loss/kl"] == 0.0 and sink.rows[2][1]["loss/kl"] != 0.0
 
 
-def test_ppo_refuses_rollback(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match="PPO keeps no checkpoints"):
-        run(tiny_model_dir, tmp_path, config(1, "rollback", "ppo"))
+def test_ppo_rolls_back_policy_and_value_head(tiny_model_dir, tmp_path):
+    model, _ = run(tiny_model_dir, tmp_path, config(1, "rollback", "ppo"))
+    start = load_policy(str(tiny_model_dir)).state_dict()
+    assert all(torch.equal(t, start[k]) for k, t in model.state_dict().items())
+    head = torch.load(tmp_path / "checkpoints" / "step_000001" / "value_head.pt")
+    assert all(not t.any() for t in head.values())  # the zero-initialised head of step 0, not step 1's
 
 
 def test_the_built_monitor_checks_gold_with_the_tasks_hidden_score(tmp_path):

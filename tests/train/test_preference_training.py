@@ -9,19 +9,19 @@ import pytest
 import torch
 
 from feedbackrl.config import DPOConfig, RewardModelConfig, build_config
-from feedbackrl.data.labeller import Labeller, label_rows, reverse_gold, reverse_harm
+from feedbackrl.data.labeller import SimulatedLabeller, label_rows, reverse_gold, reverse_harm
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
-from feedbackrl.models.reward import build_reward_model, save_reward_model
+from feedbackrl.models.reward import build_reward_model
 from feedbackrl.rewards.learned import LearnedReward
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.train import preference
 from feedbackrl.train.grpo import ADVANTAGES, train_grpo
 from feedbackrl.train.ppo import VALUE_HEAD_FILE, logprobs_and_values, make_value_head, train_ppo
-from feedbackrl.train.rlhf import gold_comparison, make_scorer
+from feedbackrl.train.prefs import gold_comparison, gold_scorer, training_reward
 
 
 def reverse_pairs(n: int, seed: int = 0, heldout: bool = False) -> list[PreferencePair]:
@@ -115,7 +115,7 @@ def cost_pairs(n: int, seed: int = 0, heldout: bool = False) -> list[PreferenceP
     reverse task's harm rule) against the same length without one, in random order."""
     task, rng = ReverseTask(), random.Random(seed)
     problems = task.heldout(n) if heldout else [task.sample(rng) for _ in range(n)]
-    labeller = Labeller(reverse_harm, temperature=0.0, seed=seed, kind="cost")
+    labeller = SimulatedLabeller(reverse_harm, temperature=0.0, seed=seed, kind="cost")
     cands = []
     for p in problems:
         safe = "".join(rng.choice("bcdefghij") for _ in range(len(p.answer)))
@@ -159,15 +159,6 @@ def test_logprobs_and_values_match_sequence_logprobs(peaked_lm, tokenizer):
     assert (entropy[c_mask == 0] == 0).all() and (entropy[c_mask == 1] > 0).all()
 
 
-@pytest.fixture(scope="module")
-def reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    rm = build_reward_model(load_policy(str(tiny_model_dir)))
-    with torch.no_grad():  # the per-token head starts at 0 (every response scores the same): give it weights
-        rm.head.weight.normal_(0, 0.02)
-    return save_reward_model(rm, load_tokenizer(str(tiny_model_dir)), tmp_path_factory.mktemp("rm") / "rm")
-
-
 def online_config(name: str, reward_model_dir: Path):
     return build_config({"algo": {"name": name, "steps": 2}, "reward": {"model": str(reward_model_dir)},
                          "task": {"name": "reverse"},
@@ -181,7 +172,7 @@ def test_online_rl_against_a_learned_reward_logs_proxy_and_gold(tiny_model_dir, 
     model, tok = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     task = ReverseTask()
     rows = MemorySink()
-    scorer = make_scorer(cfg, task, reverse_gold)
+    scorer = gold_scorer(training_reward(cfg, task), reverse_gold)
     if name == "ppo":
         train_ppo(cfg, model, tok, task, tmp_path, rows, scorer)
         assert (tmp_path / "checkpoints" / "step_000002" / VALUE_HEAD_FILE).is_file()
@@ -213,7 +204,7 @@ def test_gold_comparison_of_a_policy_with_itself_is_all_ties(peaked_lm, tokenize
 
 def test_gold_comparison_counts_wins_and_ties(monkeypatch, peaked_lm, tokenizer):
     # policy answers exactly (gold 1), baseline copies (gold < 1): every comparison is a win
-    from feedbackrl.train import rlhf
+    from feedbackrl.train import prefs
 
     problems = [ReverseTask._problem(w) for w in ("abcd", "hgcaf")]
     texts = {"policy": [p.answer for p in problems], "baseline": [p.meta["word"] for p in problems]}
@@ -227,8 +218,8 @@ def test_gold_comparison_counts_wins_and_ties(monkeypatch, peaked_lm, tokenizer)
         n = len(prompts) // len(problems)
         return FakeRollout([t for t in texts[who] for _ in range(n)])
 
-    monkeypatch.setattr(rlhf, "generate", fake_generate)
-    got = rlhf.gold_comparison("P", "B", tokenizer, problems, reverse_gold, 6, 1.0, samples=3)
+    monkeypatch.setattr(prefs, "generate", fake_generate)
+    got = prefs.gold_comparison("P", "B", tokenizer, problems, reverse_gold, 6, 1.0, samples=3)
     assert got["win_rate"] == 1.0 and got["win_rate_greedy"] == 1.0
     assert got["accuracy"] == 1.0 and got["baseline_accuracy"] == 0.0
     # copies of abcd and hgcaf: 0.8 * 0/4 and 0.8 * 1/5 (the middle letter) -> mean 0.08

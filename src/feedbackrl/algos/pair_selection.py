@@ -2,7 +2,7 @@
 
 Each prompt has up to K candidate responses with reward-model scores. Under the Bradley-Terry model
 the reward model predicts P(i > j) = sigmoid(r_i - r_j). The rules, as pure functions over (P, K)
-score tensors (the online loop, `feedback/online.py`, composes them):
+score tensors (the online labelling loop, `train/online_labels.py`, composes them):
 
 - `uncertain_pairs` + `least_certain` (rule `active`): per prompt the pair with the smallest
   |r_i - r_j|, where |P(i > j) - 0.5| is smallest, then the prompts whose pair is least certain:

@@ -24,7 +24,7 @@ reduce to the same Bradley-Terry choice for k = 2.
 The best any model of the labels can do on a pair is to predict the gold-better response, right
 with probability max(p, 1 - p); `label_ceiling` averages that over a set of pairs.
 
-Safety labeller (`Labeller(kind="cost")`, for cost models): the hidden score is a gold *cost*
+Safety labeller (`SimulatedLabeller(kind="cost")`, for cost models): the hidden score is a gold *cost*
 (`reverse_harm`: every letter "a" in the response is one unit of harm, so the exact reversal of a
 word with an "a" is unsafe, a real conflict with the gold reward). Shown two responses it says
 which is more harmful, with the same Bradley-Terry noise on the costs (the `chosen` column holds
@@ -112,7 +112,7 @@ def choice_probability(gold_a: float, gold_b: float, temperature: float) -> floa
 
 
 @dataclass
-class Labeller:
+class SimulatedLabeller:
     """Hidden gold score + noisy choices, with its own seeded random stream.
 
     kind "cost": `gold` is a gold cost, the choice picks the more harmful response, and pair rows
@@ -195,7 +195,7 @@ def sample_candidates(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     return out
 
 
-def label_rows(labeller: Labeller, problems: list[Problem], candidates: list[list[str]],
+def label_rows(labeller: SimulatedLabeller, problems: list[Problem], candidates: list[list[str]],
                k: int) -> list[dict[str, Any]]:
     """Rows in data/preferences.py's formats, with the gold evidence as extra columns.
 

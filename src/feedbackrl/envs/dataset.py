@@ -7,7 +7,10 @@ needs `split`), or a `datasets.Dataset` object passed from Python. Nothing is ev
 
 Columns are mapped with `prompt_field` and `answer_field`; `meta_fields` are copied into
 `Problem.meta`, and `demo_field` names a column of reference completions for SFT warm starts
-(without it, the "exact" and "math" verifiers demonstrate the gold answer itself).
+(without it, the "exact" and "math" verifiers demonstrate the gold answer itself). A meta field
+named `constraints` holds the row's instruction constraints (a list of specs such as
+`{"id": "no_commas"}`, or its JSON text): they are validated at load and read by the `constraints`
+reward source of a recipe's `[reward]` section, beside the row's answer.
 
 Verifiers, chosen by name in `VERIFIERS`: "exact" (stripped string equality), "math"
 (`rewards.math.MathVerifier`) and "code" (`rewards.code.CodeVerifier`: the answer column holds
@@ -183,6 +186,18 @@ def check_answer(verifier: str, answer: Any) -> str | None:
     return None
 
 
+def _constraint_specs(value: Any, where: str) -> list[dict[str, Any]]:
+    """A row's constraint specs (a list, or its JSON text as CSV holds it), validated."""
+    from feedbackrl.rewards.instructions import load_constraints
+
+    try:
+        specs = json.loads(value) if isinstance(value, str) else value
+        load_constraints(specs)
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise DatasetError(f"{where}: {e}") from None
+    return specs
+
+
 @dataclass
 class DatasetTask(Task):
     """Problems from a dataset source; a fixed `heldout_fraction` of rows is kept for eval."""
@@ -242,6 +257,8 @@ class DatasetTask(Task):
                 raise DatasetError(f"{label}: row {i} column {self.demo_field!r} must be a non-empty string")
             self._demos[i] = demo
         meta = {"row": i, **{f: row[f] for f in self.meta_fields}}
+        if "constraints" in meta:
+            meta["constraints"] = _constraint_specs(meta["constraints"], f"{label}: row {i} column 'constraints'")
         return Problem(row[self.prompt_field], row[self.answer_field], meta)
 
     def sample(self, rng: random.Random) -> Problem:

@@ -2,11 +2,27 @@
 
 Each checker takes the response and keyword-only parameters and returns (passed, why): `why`
 says what was counted, so a person can see why a constraint failed. Only language-free checks are
-here (no language detection, no NLTK). The registry and spec validation live in `instructions.py`.
+here (no language detection). The registry and spec validation live in `instructions.py`.
 
-Where we depart from IFEval: paragraphs are separated by blank lines (IFEval's `***` divider is
-the separate `paragraphs_divided` check); words are runs of letters/digits with inner apostrophes
-or hyphens rather than NLTK tokens; every count takes a relation, not only the one IFEval used.
+Where we depart from IFEval (reference: google-research/instruction_following_eval,
+instructions.py and instructions_util.py), on purpose:
+- Paragraphs are separated by blank lines (IFEval's `***` divider is the separate
+  `paragraphs_divided` check).
+- Words are runs of letters/digits with inner apostrophes or hyphens, not NLTK tokens, so
+  punctuation never counts as a word.
+- Sentences come from `sentencex` (Wikimedia's rule-based splitter), not NLTK's punkt: punkt
+  needs a data download at run time, which a training job cannot rely on. sentencex handles what
+  a naive "[.!?] then space" rule gets wrong: a closing quote or bracket after the full stop
+  (`He said "stop." Then he left.` is 2), abbreviations and titles (`Dr. Smith came. He sat.` is
+  2), initials (`J. R. R. Tolkien`) and decimals. Quotation marks around the whole response are
+  removed first, so a quoted answer counts its inner sentences, as punkt does. Like punkt, an
+  ellipsis followed by a lowercase word (`Wait... what?`) does not end a sentence.
+- Every count takes a relation, not only the one IFEval used.
+- `ends_with` strips surrounding whitespace and quotation marks (`"`, curly quotes) from the
+  response, as IFEval's end checker strips `"`: a quoted answer can also end with the phrase.
+- `title` needs a non-blank title inside `<< >>` (IFEval: `<<[^\n]+>>` with the brackets and
+  whitespace stripped must leave text); we also exclude `<` and `>` inside, so `<<a>> <<b>>` is
+  two titles rather than one spanning both.
 """
 
 from __future__ import annotations
@@ -15,6 +31,8 @@ import json
 import operator
 import re
 from collections.abc import Callable
+
+from sentencex import segment
 
 Result = tuple[bool, str]
 
@@ -27,10 +45,9 @@ RELATIONS: dict[str, Callable[[int, int], bool]] = {
 }
 
 _WORD = re.compile(r"\w+(?:['’-]\w+)*")
-_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 _BULLET = re.compile(r"^\s*[*-]\s+\S", re.MULTILINE)
-_TITLE = re.compile(r"<<[^\n<>]+>>")
+_TITLE = re.compile(r"<<([^\n<>]+)>>")
 _PLACEHOLDER = re.compile(r"\[[^\[\]\n]+\]")
 _HIGHLIGHT = re.compile(r"\*([^\n*]+)\*")
 _JSON_FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```$", re.DOTALL | re.IGNORECASE)
@@ -44,8 +61,12 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
+_QUOTES = "\"“”"
+
+
 def _sentences(text: str) -> list[str]:
-    return [s for s in _SENTENCE_END.split(text) if _words(s)]
+    """Sentences with at least one word (sentencex, see the module docstring), outer quotes removed."""
+    return [s for s in segment("en", text.strip().strip(_QUOTES)) if _words(s)]
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -61,7 +82,7 @@ def length_words(response: str, *, relation: str, num: int) -> Result:
 
 
 def length_sentences(response: str, *, relation: str, num: int) -> Result:
-    """Number of sentences (ended by . ! or ? before whitespace, or a trailing fragment)."""
+    """Number of sentences (a trailing fragment counts as one)."""
     return _count(len(_sentences(response)), relation, num, "sentences")
 
 
@@ -182,9 +203,9 @@ def section_count(response: str, *, num: int, relation: str = "at least",
 
 
 def title(response: str) -> Result:
-    """A title wrapped in double angular brackets, like <<poem of joy>>."""
-    found = _TITLE.search(response)
-    return bool(found), f"title {found.group()}" if found else "no <<title>>"
+    """A non-blank title wrapped in double angular brackets, like <<poem of joy>>."""
+    found = next((t for t in _TITLE.findall(response) if t.strip()), None)
+    return found is not None, f"title <<{found}>>" if found is not None else "no <<title>>"
 
 
 def placeholders(response: str, *, num: int, relation: str = "at least") -> Result:
@@ -241,9 +262,10 @@ def starts_with(response: str, *, phrase: str) -> Result:
 
 
 def ends_with(response: str, *, phrase: str) -> Result:
-    """Ends with `phrase` (IFEval end_checker), ignoring case and surrounding whitespace."""
-    ok = response.strip().lower().endswith(phrase.strip().lower())
-    return ok, f"ends with {response.strip()[-len(phrase) - 10:]!r}"
+    """Ends with `phrase` (IFEval end_checker), ignoring case, surrounding whitespace and quotation marks."""
+    text = response.strip().strip(_QUOTES).strip()
+    ok = text.lower().endswith(phrase.strip().lower())
+    return ok, f"ends with {text[-len(phrase) - 10:]!r}"
 
 
 def repeat_prompt(response: str, *, prompt_to_repeat: str) -> Result:

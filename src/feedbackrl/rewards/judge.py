@@ -240,3 +240,20 @@ class Hybrid:
         verdict = self.judge(problem, completion)
         details["parts"]["judge"] = verdict.to_dict()
         return Verdict(verdict.score, verdict.passed, verdict.reason, details)
+
+
+def judge_source(ctx: Any, *, judge_model: str, criteria: dict[str, str], base_url: str | None = None,
+                 weights: dict[str, float] | None = None, low: int = 1, high: int = 10, reference: bool = False,
+                 timeout_s: float = 30.0, concurrency: int = 8, api_key: str | None = None) -> Any:
+    """The `judge` entry of the reward registry: a pointwise rubric judge on an OpenAI-compatible endpoint.
+
+    `judge_model`: the model name the endpoint serves; `criteria`: name -> description; `weights`:
+    name -> weight (default 1 each); `api_key` None reads OPENAI_API_KEY (hosted APIs), local
+    servers ignore it. Returns the judge's batch scorer.
+    """
+    from feedbackrl.rewards.judge_backends import OpenAIChat
+
+    weights = weights or {}
+    rubric = Rubric(tuple(Criterion(n, float(weights.get(n, 1.0)), d) for n, d in criteria.items()), low, high)
+    chat = CachedChat(OpenAIChat(judge_model, base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s))
+    return PointwiseJudge(chat, rubric, reference=reference, concurrency=concurrency).verify_batch

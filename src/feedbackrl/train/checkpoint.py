@@ -7,6 +7,7 @@ loads like any HF model, whose own `config.json` is the model config), `trainer_
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import re
@@ -16,9 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.models.load import load_policy
 
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "run_config.json"  # not config.json: that name is the HF model config
+REFERENCE_DIR = "reference"  # OUT/reference/: the policy as it was when RL started (KL anchor)
 _STEP_DIR = re.compile(r"step_(\d+)$")
 
 
@@ -38,8 +43,10 @@ class TrainerState:
 
 def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, step: int,
                     prompt_rng: random.Random, sample_rng: torch.Generator, config_json: str,
-                    task_state: dict[str, Any] | None = None) -> Path:
-    """Write atomically: into a temp dir, then rename, so a crash never leaves half a checkpoint."""
+                    task_state: dict[str, Any] | None = None, extras: dict[str, Any] | None = None) -> Path:
+    """Write atomically: into a temp dir, then rename, so a crash never leaves half a checkpoint.
+
+    `extras` maps file names to state dicts the algorithm needs besides the policy (PPO's value head)."""
     final = Path(out_dir) / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -49,6 +56,8 @@ def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer: torch.
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "prompt_rng": prompt_rng.getstate(),
                 "sample_rng": sample_rng.get_state(), "torch_rng": torch.get_rng_state(),
                 "task_state": task_state}, tmp / STATE_FILE)
+    for name, state in (extras or {}).items():
+        torch.save(state, tmp / name)
     (tmp / CONFIG_FILE).write_text(config_json)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -95,3 +104,48 @@ def load_trainer_state(ckpt: Path) -> TrainerState:
 
 def read_config_json(ckpt: Path) -> dict[str, Any]:
     return json.loads((ckpt / CONFIG_FILE).read_text())
+
+
+def restore(ckpt: Path, optimizer: torch.optim.Optimizer, prompt_rng: random.Random, sample_rng: torch.Generator,
+            task: Any) -> int:
+    """Put an on-policy loop back where `ckpt` left it (optimizer, RNG streams, task state); -> its step."""
+    state = load_trainer_state(ckpt)
+    optimizer.load_state_dict(state.optimizer)
+    prompt_rng.setstate(state.prompt_rng)
+    sample_rng.set_state(state.sample_rng)
+    torch.set_rng_state(state.torch_rng)
+    if state.task_state is not None:
+        task.load_state_dict(state.task_state)
+    return state.step
+
+
+def load_extra(ckpt: Path, name: str) -> Any:
+    """A state dict saved with `save_checkpoint(..., extras={name: ...})`; a clear error when it is missing."""
+    if not (ckpt / name).is_file():
+        raise CheckpointError(f"cannot resume from {str(ckpt)!r}: it has no {name} (was it written by another "
+                              "algorithm?)")
+    return torch.load(ckpt / name, weights_only=True)
+
+
+def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
+                     resume_from: Path | None) -> PreTrainedModel:
+    """The reference is the policy as it was when RL started; saved once so a resume reloads it.
+
+    A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N -> RUN/reference), so
+    resuming into a new out dir never freezes the resumed policy instead.
+    """
+    path = out_dir / REFERENCE_DIR
+    saved = None if resume_from is None else Path(resume_from).parent.parent / REFERENCE_DIR
+    if saved is None:
+        ref = copy.deepcopy(model)
+    elif saved.is_dir():
+        ref = load_policy(str(saved)).to(model.device)
+    else:
+        raise CheckpointError(f"cannot resume from {str(resume_from)!r} with algo.kl_coef > 0: its frozen reference "
+                              f"{str(saved)!r} is missing (was the run started with kl_coef = 0, or the checkpoint "
+                              "moved out of its run dir?)")
+    if saved is None or saved.resolve() != path.resolve():
+        ref.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    ref.eval().requires_grad_(False)
+    return ref

@@ -6,7 +6,6 @@ All maths lives in `feedbackrl.algos`; this file only wires it. Setup helpers si
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -24,45 +23,20 @@ from feedbackrl.algos.rloo import rloo_advantages
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
-from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.monitors.monitor import Monitor
-from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state, save_checkpoint
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.train.context import Run
 from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
-REFERENCE_DIR = "reference"
 # the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
 ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"grpo": group_advantages, "rloo": rloo_advantages}
 
 
 def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimizer:
     return adamw(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
-
-
-def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
-                     resume_from: Path | None) -> PreTrainedModel:
-    """The reference is the policy as it was when RL started; saved once so a resume reloads it.
-
-    A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N -> RUN/reference), so
-    resuming into a new out dir never freezes the resumed policy instead.
-    """
-    path = out_dir / REFERENCE_DIR
-    saved = None if resume_from is None else Path(resume_from).parent.parent / REFERENCE_DIR
-    if saved is None:
-        ref = copy.deepcopy(model)
-    elif saved.is_dir():
-        ref = load_policy(str(saved)).to(model.device)
-    else:
-        raise CheckpointError(f"cannot resume from {str(resume_from)!r} with algo.kl_coef > 0: its frozen reference "
-                              f"{str(saved)!r} is missing (was the run started with kl_coef = 0, or the checkpoint "
-                              "moved out of its run dir?)")
-    if saved is None or saved.resolve() != path.resolve():
-        ref.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-    ref.eval().requires_grad_(False)
-    return ref
 
 
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
@@ -82,14 +56,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     start = 0
     if resume_from is not None:
-        state = load_trainer_state(resume_from)
-        optimizer.load_state_dict(state.optimizer)
-        prompt_rng.setstate(state.prompt_rng)
-        sample_rng.set_state(state.sample_rng)
-        torch.set_rng_state(state.torch_rng)
-        if state.task_state is not None:
-            task.load_state_dict(state.task_state)
-        start = state.step
+        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
         console.print(f"resumed from {resume_from} at step {start}")
     monitor = live_monitor(cfg, out_dir, monitor, task)
     kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
@@ -185,10 +152,17 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 if decision.raise_kl:
                     kl_coef = monitor.raised_kl(kl_coef)
                 if decision.rollback:
-                    monitor.rolled_back(roll_back(out_dir, model, optimizer))
+                    monitor.rolled_back(roll_back(out_dir, model, optimizer)[0])
                     continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
                 checkpoint(done)
     if start < a.steps or resume_from is None:
         checkpoint(end)
     return metrics
+
+
+def run_grpo(run: Run) -> dict[str, Any]:
+    """GRPO or RLOO as the run path calls it: the recipe's reward, resume and periodic eval included."""
+    final = train_grpo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink,
+                       resume_from=run.resume_from, on_eval=run.on_eval, scorer=run.scorer)
+    return {"steps": run.cfg.algo.steps, "final": final}

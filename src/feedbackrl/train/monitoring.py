@@ -32,8 +32,8 @@ def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None, task: T
     return Monitor(cfg.monitors, out_dir, gold_score_for(task) if cfg.monitors.gold_every else None)
 
 
-def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> int:
-    """Load the policy weights and optimizer state of the run's latest checkpoint; returns its step.
+def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> tuple[int, Path]:
+    """Load the policy weights and optimizer state of the run's latest checkpoint; returns its step and dir.
 
     The RNGs are not restored: replaying the same samples would walk into the same hack.
     """
@@ -45,4 +45,4 @@ def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> in
         model.load_state_dict(saved.state_dict())
     state = load_trainer_state(ckpt)
     optimizer.load_state_dict(state.optimizer)
-    return state.step
+    return state.step, ckpt

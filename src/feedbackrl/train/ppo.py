@@ -3,20 +3,20 @@ prompts, roll out, score, fold the per-token KL penalty into the rewards, GAE, w
 each epoch and minibatch the clipped policy and value losses, step and log.
 
 All maths lives in `feedbackrl.algos.ppo`; this file only wires it. The score comes from the
-task's verifier or from a `Scorer` (a learned reward model, see `train/rlhf.py`).
+task's verifier or from a `Scorer` (the recipe's reward, see `train/run.py`).
 
 Departures from InstructGPT: the value head sits on the policy's own last hidden state (one
 network, loss = policy + vf_coef * value, as in Ziegler et al.'s shared-trunk variant and TRL's
 old `AutoModelForCausalLMWithValueHead`) rather than a separate critic initialised from the
 reward model: half the compute on a CPU. The head is zero-initialised, so the first values are 0.
-No resume: a PPO run saves its final policy (and value head) but cannot be continued.
+Checkpoints carry the value head (`value_head.pt`) beside the policy, so `--resume` continues a run.
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +25,15 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, value_loss, whiten
-from feedbackrl.config import ConfigError, RunConfig
+from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.log import MetricsSink, progress
+from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import positions, sequence_logprobs
 from feedbackrl.monitors.monitor import Monitor
-from feedbackrl.train.checkpoint import save_checkpoint
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
-from feedbackrl.train.monitoring import live_monitor
+from feedbackrl.train.context import Run
+from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -70,31 +71,43 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
 
 
 def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
-              out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None,
-              monitor: Monitor | None = None) -> dict[str, Any]:
-    """Run PPO for `cfg.algo.steps` steps; saves the final policy as a checkpoint. Returns the last metrics.
+              out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None, resume_from: Path | None = None,
+              on_eval: Callable[[int], dict[str, Any]] | None = None, monitor: Monitor | None = None) -> dict[str, Any]:
+    """Run PPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
-    `monitor` (default: one built from `[monitors]`) checks every step and may stop the run or raise the
-    KL coefficient; PPO keeps no periodic checkpoints, so it cannot roll back.
+    `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
+    the KL coefficient.
     """
     scorer = scorer or task_scorer(task)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G, temp = ro_cfg.prompts_per_step, ro_cfg.group_size, ro_cfg.temperature
-    value_head = make_value_head(model)
+    value_head = make_value_head(model).to(model.device)
     params = list(model.parameters()) + list(value_head.parameters())
     optimizer = adamw(params, lr=a.lr, weight_decay=0.0)
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
+    start = 0
+    if resume_from is not None:
+        value_head.load_state_dict(load_extra(resume_from, VALUE_HEAD_FILE))
+        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
+        console.print(f"resumed from {resume_from} at step {start}")
     monitor = live_monitor(cfg, out_dir, monitor, task)
-    if monitor is not None and monitor.needs_rollback:
-        raise ConfigError("monitors.actions: PPO keeps no checkpoints to roll back to; use log, stop or raise_kl")
     kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
     wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if wants_ref else None
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref else None
     metrics: dict[str, Any] = {}
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
+                        cfg.model_dump_json(indent=2), task.state_dict(),
+                        extras={VALUE_HEAD_FILE: value_head.state_dict()})
+
+    end = a.steps
+    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
+        checkpoint(start)  # something to roll back to before the first periodic checkpoint
     with progress() as bar:
-        job = bar.add_task("PPO", total=a.steps, info="")
-        for step in range(a.steps):
+        job = bar.add_task("PPO", total=a.steps, completed=start, info="")
+        for step in range(start, a.steps):
             t0 = time.perf_counter()
             # 1. roll out G completions for each of B prompts, 2. score them (the collect step)
             batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
@@ -133,18 +146,36 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                        "kl/mean": ((old_lp - ref_lp) * mask).sum().item() / max(gen_tokens, 1),
                        **{k: sum(v) / len(v) for k, v in stats.items()},
                        "perf/step_s": dt, "perf/tokens_per_s": gen_tokens / dt}
-            # 6. monitors: statistics and alerts into the metrics, then the recipe's action
-            decision = monitor.after_step(step + 1, batch, metrics) if monitor is not None else None
+            done = step + 1
+            if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
+                metrics.update(on_eval(done))
+            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
             if decision is not None:
                 metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
-            sink.log(step + 1, metrics)
+            sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
             if decision is not None and monitor is not None:
                 if decision.stop:
+                    end = done
                     break
                 if decision.raise_kl:
                     kl_coef = monitor.raised_kl(kl_coef)
-    ckpt = save_checkpoint(out_dir, model, tokenizer, optimizer, a.steps, prompt_rng, sample_rng,
-                           cfg.model_dump_json(indent=2))
-    torch.save(value_head.state_dict(), ckpt / VALUE_HEAD_FILE)
+                if decision.rollback:
+                    back, ckpt = roll_back(out_dir, model, optimizer)
+                    value_head.load_state_dict(load_extra(ckpt, VALUE_HEAD_FILE))
+                    monitor.rolled_back(back)
+                    continue
+            if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
+                checkpoint(done)
+    if start < a.steps or resume_from is None:
+        checkpoint(end)
     return metrics
+
+
+def run_ppo(run: Run) -> dict[str, Any]:
+    """PPO as the run path calls it, against the recipe's reward."""
+    final = train_ppo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink, run.scorer,
+                      resume_from=run.resume_from, on_eval=run.on_eval)
+    return {"steps": run.cfg.algo.steps, "final": final}

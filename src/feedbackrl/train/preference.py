@@ -22,6 +22,7 @@ Both decay the learning rate linearly to 0 over the run (`linear_decay`).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,12 +30,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.preference import PREFERENCE_LOSSES, RANKING_LOSSES
 from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy, safety_cost_loss
-from feedbackrl.config import DPOConfig, RewardModelConfig
+from feedbackrl.config import ConfigError, DPOConfig, RewardModelConfig
+from feedbackrl.data.labeller import SimulatedLabeller, gold_cost_for, gold_score_for
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
-from feedbackrl.models.reward import Calibration, RewardModel, encode_texts, score_texts
+from feedbackrl.models.reward import (
+    Calibration,
+    RewardModel,
+    build_reward_model,
+    encode_texts,
+    save_reward_model,
+    score_texts,
+)
+from feedbackrl.train.context import Run
 from feedbackrl.train.optim import adamw
+from feedbackrl.train.prefs import preference_data
 from feedbackrl.train.sft import encode_completions
 
 Ranked = tuple[str, list[str]]  # (prompt, responses best first)
@@ -236,3 +247,39 @@ def train_dpo(cfg: DPOConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                 sink.log(step, stats)
                 bar.update(job, advance=1, info=f"loss {total:.3f}")
     return stats
+
+
+# --- the algorithms as the run path calls them ----------------------------------------------------
+
+
+def simulated_labeller(run: Run) -> SimulatedLabeller:
+    """The labeller that writes preference data when no file or database is given (hidden gold, BT noise)."""
+    cfg, task = run.cfg, run.task
+    if cfg.algo.name == "reward_model" and cfg.algo.kind == "cost" and not (cfg.prefs.path or cfg.prefs.db):
+        try:  # the safety labeller: a hidden gold cost, and safe/unsafe labels
+            return SimulatedLabeller(gold_cost_for(task), cfg.prefs.temperature, seed=cfg.train.seed + 3, kind="cost")
+        except ValueError as e:
+            raise ConfigError(f"algo.kind = 'cost': {e}") from None
+    return SimulatedLabeller(gold_score_for(task), cfg.prefs.temperature, seed=cfg.train.seed + 3)
+
+
+def run_reward_model(run: Run) -> dict[str, Any]:
+    """Preference pairs (labelled here or read), then a reward (or cost) model; writes OUT/reward_model/."""
+    cfg = run.cfg
+    train, held, info = preference_data(cfg, run.model, run.tokenizer, run.task, simulated_labeller(run),
+                                        run.out_dir, heldout=True)
+    rm = build_reward_model(run.model, cfg.algo.kind, cfg.algo.head)
+    result = train_reward_model(cfg.algo, rm, run.tokenizer, train, held, cfg.train.seed, run.sink)
+    result["dir"] = str(save_reward_model(rm, run.tokenizer, run.out_dir / "reward_model"))
+    return {"kind": cfg.algo.kind, "prefs": info, "reward_model": result}
+
+
+def run_dpo(run: Run) -> dict[str, Any]:
+    """Preference pairs or rankings (labelled here or read), then DPO/IPO/PRO on the policy; writes OUT/policy/."""
+    cfg = run.cfg
+    train, _, info = preference_data(cfg, run.model, run.tokenizer, run.task, simulated_labeller(run), run.out_dir,
+                                     heldout=False)
+    final = train_dpo(cfg.algo, run.model, run.tokenizer, train, cfg.train.seed, run.sink)
+    run.model.save_pretrained(run.out_dir / "policy")
+    run.tokenizer.save_pretrained(run.out_dir / "policy")
+    return {"prefs": info, "final": final}

@@ -1,4 +1,11 @@
-"""Human-facing results: the before/after table and the reward/accuracy plot."""
+"""Human-facing results of any run: one printed summary and one plot, whatever the algorithm.
+
+`print_report` shows the sections a report has (held-out evaluation before/after, the reward
+model's held-out accuracy, the gold comparison against the starting policy, the online labelling
+curve); `write_plot` draws what metrics.jsonl holds (training reward and hidden gold reward per RL
+step with held-out accuracy; or the offline loss and reward-model accuracy; or held-out accuracy
+against labels for the online labelling loop).
+"""
 
 from __future__ import annotations
 
@@ -10,36 +17,119 @@ from rich.table import Table
 from feedbackrl.log import console, read_jsonl
 
 
-def print_report(report: dict[str, Any]) -> None:
-    before, after = report.get("eval_before"), report["eval_after"]
+def _eval_table(report: dict[str, Any]) -> None:
+    before, after = report.get("eval_before"), report.get("eval_after")
+    shown = after or before
+    if not shown:
+        return
     table = Table(title=f"{report['task']} / {report['algo']}: held-out evaluation")
     table.add_column("metric")
-    table.add_column("before RL", justify="right")
-    table.add_column("after RL", justify="right")
-    k = after["k"]
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    k = shown["k"]
     for key, label in (("accuracy", "greedy pass@1"), (f"pass@{k}", f"pass@{k}"), ("mean_len", "mean length")):
         b = f"{before[key]:.3f}" if before else "-"
-        table.add_row(label, b, f"{after[key]:.3f}")
+        a = f"{after[key]:.3f}" if after else "-"
+        table.add_row(label, b, a)
     console.print(table)
-    console.print(f"wall time {report['wall_seconds']:.1f}s (RL {report['rl_seconds']:.1f}s)")
 
 
-def write_plot(metrics_path: Path, png_path: Path) -> None:
+def print_report(report: dict[str, Any]) -> None:
+    _eval_table(report)
+    if "reward_model" in report:
+        rm, ceiling = report["reward_model"], report["prefs"].get("heldout_ceiling", {})
+        nan = float("nan")
+        console.print(f"{report.get('kind', 'reward')} model: held-out pairwise accuracy "
+                      f"{rm['rm/heldout_accuracy']:.3f} (ceiling from labeller noise: expected "
+                      f"{ceiling.get('expected', nan):.3f}, realised {ceiling.get('realised', nan):.3f});"
+                      f" agreement with gold {rm.get('rm/heldout_gold_agreement', nan):.3f}")
+        if "rm/heldout_safety_accuracy" in rm:
+            console.print(f"safe/unsafe accuracy on held-out responses {rm['rm/heldout_safety_accuracy']:.3f}")
+    if "gold_vs_sft" in report:
+        g = report["gold_vs_sft"]
+        console.print(f"gold win rate vs SFT: sampled {g['win_rate']:.3f}, greedy {g['win_rate_greedy']:.3f};"
+                      f" gold mean {g['baseline_gold_mean']:.3f} -> {g['gold_mean']:.3f};"
+                      f" greedy accuracy {g['baseline_accuracy']:.3f} -> {g['accuracy']:.3f}")
+    if "online" in report:
+        o = report["online"]
+        marks = ", ".join(f"{k.removeprefix('labels_to_')}: {v}" for k, v in o.items() if k.startswith("labels_to_"))
+        console.print(f"{o['selection']}: held-out accuracy {o['final_accuracy']:.3f} after {o['labels']} labels "
+                      f"(ceiling {o['heldout_ceiling']['expected']:.3f}); labels to reach {marks}")
+    console.print(f"wall time {report['wall_seconds']:.1f}s (training {report['train_seconds']:.1f}s)")
+
+
+def _smooth(xs: list[float], window: int) -> list[float]:
+    """Trailing moving average (shorter at the start)."""
+    return [sum(xs[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(xs))]
+
+
+def plot_proxy_vs_gold(runs: dict[str, Path], png_path: Path, title: str = "", window: int = 10) -> None:
+    """Training (proxy) reward and hidden gold reward per RL step for one or more runs' metrics.jsonl.
+
+    Raw values are drawn faint, a `window`-step moving average bold; proxy solid, gold dashed.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (label, path) in enumerate(runs.items()):
+        rl = [r for r in read_jsonl(path) if r.get("phase") == "rl"]
+        steps, color = [r["step"] for r in rl], f"C{i}"
+        for key, style, name in (("reward/mean", "-", "proxy"), ("reward/gold_mean", "--", "gold")):
+            if rl and key in rl[0]:
+                ys = [r[key] for r in rl]
+                ax.plot(steps, ys, style, color=color, alpha=0.2, linewidth=0.8)
+                ax.plot(steps, _smooth(ys, window), style, color=color, linewidth=2, label=f"{label}: {name}")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(f"mean reward of the training batch ({window}-step average)")
+    ax.set_ylim(-0.02, 1.02)
+    _finish(fig, ax, png_path, title)
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_jsonl(metrics_path)
-    rl = [r for r in rows if r.get("phase") == "rl"]
-    evals = [r for r in rows if "eval/accuracy" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in rl], [r["reward/mean"] for r in rl], label="train reward (mean)", alpha=0.6)
-    ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", label="held-out accuracy (greedy)")
-    ax.set_xlabel("RL step")
-    ax.set_ylim(-0.02, 1.02)
+    return plt
+
+
+def _finish(fig: Any, ax: Any, png_path: Path, title: str) -> None:
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
-    plt.close(fig)
+    _pyplot().close(fig)
+
+
+def write_plot(metrics_path: Path, png_path: Path, title: str = "") -> None:
+    """The run's curves.png, from its metrics.jsonl (see the module docstring)."""
+    rows = read_jsonl(metrics_path)
+    rl = [r for r in rows if r.get("phase") == "rl"]
+    if rl and "reward/gold_mean" in rl[0]:
+        plot_proxy_vs_gold({"this run": metrics_path}, png_path, title)
+        return
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    online = [r for r in rows if r.get("phase") == "online"]
+    if rl:
+        evals = [r for r in rows if "eval/accuracy" in r]
+        ax.plot([r["step"] for r in rl], [r["reward/mean"] for r in rl], label="train reward (mean)", alpha=0.6)
+        ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-",
+                label="held-out accuracy (greedy)")
+        ax.set_xlabel("RL step")
+        ax.set_ylim(-0.02, 1.02)
+    elif online:
+        ax.plot([r["labels"] for r in online], [r["rm/heldout_accuracy"] for r in online], "o-",
+                label="reward model: held-out pairwise accuracy")
+        ax.set_xlabel("labels")
+    else:
+        for key in ("loss/rm", "loss/pref"):
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=key)
+        held = [(r["step"], r["rm/heldout_accuracy"]) for r in rows if "rm/heldout_accuracy" in r]
+        if held:
+            ax.plot(*zip(*held, strict=True), "o-", label="held-out pairwise accuracy")
+        ax.set_xlabel("optimizer step")
+    _finish(fig, ax, png_path, title)

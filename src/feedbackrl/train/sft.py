@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -13,6 +14,7 @@ from feedbackrl.config import SFTConfig
 from feedbackrl.envs.base import Demonstrates, Task
 from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
+from feedbackrl.train.context import Run
 from feedbackrl.train.optim import adamw
 
 
@@ -66,3 +68,11 @@ def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ta
             sink.log(step, {"phase": "sft", "loss/sft": loss_val, "lr": sched.get_last_lr()[0]})
             bar.update(job, advance=1, info=f"loss {loss_val:.3f}")
     return {"loss/sft_final": loss_val}
+
+
+def run_sft(run: Run) -> dict[str, Any]:
+    """SFT as the algorithm (algo.name = "sft"): the [sft] steps, then the policy saved as OUT/sft_policy/."""
+    final = sft_warmstart(run.model, run.tokenizer, run.task, run.cfg.sft, run.cfg.train.seed, run.sink)
+    run.model.save_pretrained(run.out_dir / "sft_policy")
+    run.tokenizer.save_pretrained(run.out_dir / "sft_policy")
+    return {"steps": run.cfg.sft.steps, "final": final}

@@ -1,9 +1,9 @@
 """The online reward-model loop: the policy proposes, a labeller judges over HTTP, the reward model
 retrains, and the next items are chosen where the reward model is least sure.
 
-`feedbackrl label online RECIPE --out OUT` runs it (recipe: `recipes/online_rm.toml`). It lives
-under `label`, not `train`, because it serves the labelling app: it needs the feedback extra, and
-core code never imports `feedback`.
+`feedbackrl train recipes/online_rm.toml --out OUT` runs it (`algo.name = "online_reward_model"`,
+options in `[online]`). It serves the labelling app, so it needs the feedback extra; the app
+itself never imports this module.
 
 One run:
 
@@ -39,19 +39,14 @@ gold agreement, seconds), report.json.
 
 from __future__ import annotations
 
-import json
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import httpx
 import torch
-from pydantic import Field, ValidationError, model_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.pair_selection import (
@@ -66,176 +61,18 @@ from feedbackrl.algos.pair_selection import (
     score_covariance,
     uncertain_pairs,
 )
-from feedbackrl.config import (
-    ConfigError,
-    ModelConfig,
-    RewardModelConfig,
-    RolloutConfig,
-    Section,
-    SFTConfig,
-    TaskConfig,
-    TrainConfig,
-    _format_validation_error,
-    apply_overrides,
-    read_recipe,
-)
-from feedbackrl.data.labeller import Labeller, gold_score_for, label_ceiling, label_rows, sample_candidates
+from feedbackrl.config import ConfigError, RunConfig
+from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for, label_ceiling, label_rows, sample_candidates
 from feedbackrl.data.preferences import PreferencePair, load_preference_pairs
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, read_jsonl
 from feedbackrl.models.reward import RewardModel, build_reward_model, head_features, head_parameters, score_texts
 from feedbackrl.rewards.verdict import Problem
+from feedbackrl.train.context import Run
 from feedbackrl.train.preference import heldout_metrics, train_reward_model
 
 Pairs = list[dict[str, Any]]
 HELDOUT_SEED = 12345  # the held-out pairs are the same for every seed and selection rule
-POLL_S = 0.2  # seconds between the loop's status polls
-IDLE_S = 0.5  # seconds the labeller waits on an empty queue (it idles while the reward model trains)
-
-
-class OnlineConfig(Section):
-    selection: Literal["runner_up", "contrast", "widest", "top", "committee", "bald", "active", "random",
-                       "mixed"] = Field(
-        "random", description="how pairs are chosen (docs/human_feedback.md): random prompts and the reward "
-        "model's best candidate against its runner-up (runner_up) or the pair it scores furthest apart "
-        "(contrast); the prompts where that gap is widest (widest) or whose best "
-        "candidate scores highest (top); most "
-        "informative by committee disagreement (committee) or under a Laplace posterior of the head (bald); "
-        "least certain (active); random; half active (mixed)")
-    committee: int = Field(4, ge=2, le=16, description="committee: reward models trained per round (1 + resamples)")
-    prior_precision: float = Field(1.0, gt=0, description="bald: precision of the Gaussian prior on the reward head")
-    labels: int = Field(600, ge=1, description="label budget: the run stops after this many labels")
-    retrain_every: int = Field(100, ge=1, description="N: labels per round; the reward model retrains after each")
-    candidates: int = Field(4, ge=2, le=16, description="K: distinct responses sampled per prompt")
-    pool: int = Field(4, ge=1, le=64, description="prompts sampled per label wanted (active keeps the least sure)")
-    heldout_prompts: int = Field(1000, ge=1, description="held-out prompts, one pair each, labelled once")
-    temperature: float = Field(0.05, ge=0, description="labeller noise: P(a > b) = sigmoid((gold_a - gold_b) / T)")
-    tie_margin: float | None = Field(
-        None, ge=0, description="the labeller answers 'tie' when the two gold scores are within this margin (ties "
-        "train nothing and held-out ties are dropped); none = it always picks a side")
-    train_on_ties: bool = Field(False, description="fetch the labeller's ties too and train them with target 1/2 "
-                                "(off: a tie is a label spent that trains nothing; on measured lower held-out "
-                                "accuracy, docs/human_feedback.md)")
-    gold: Literal["task", "verifier"] = Field(
-        "task", description="the simulated labeller's hidden gold: the task's graded score (reverse: partial credit "
-        "for near misses) or its verifier's pass/fail (a labeller who only asks 'is it right?')")
-    db: str = Field("", description='labelling database URL or SQLite path; "" = OUT/labels.db')
-    wait_s: float = Field(600, gt=0, description="how long to wait for a round's labels before giving up")
-
-
-class OnlineRunConfig(Section):
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    algo: RewardModelConfig = Field(default_factory=RewardModelConfig)
-    online: OnlineConfig = Field(default_factory=OnlineConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> OnlineRunConfig:
-        if self.algo.kind != "reward":
-            raise ValueError("algo.kind must be 'reward': the online loop learns what the labeller prefers")
-        return self
-
-
-def load_online_config(path: str | Path | None = None, overrides: list[str] | None = None) -> OnlineRunConfig:
-    """A TOML recipe (or the defaults) plus dotted overrides -> validated config; ConfigError otherwise."""
-    data, source = read_recipe(path)
-    data = apply_overrides(data, overrides or [])
-    if isinstance(data.get("algo"), dict):
-        data["algo"] = {"name": "reward_model", **data["algo"]}
-    try:
-        return OnlineRunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, source)) from None
-
-
-# --- HTTP clients ----------------------------------------------------------------------------------
-
-
-class AdminApi:
-    """The loop's side of the app, over HTTP with the admin token."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
-        self.project = 0
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        r = self.http.request(method, path, **kwargs)
-        if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path} answered {r.status_code}: {r.text[:300]}")
-        return r.json()
-
-    def setup(self, project: str, labeller: str) -> str:
-        """Create the pairwise project and the labeller, invite them; -> the labeller's token."""
-        self.project = self.call("POST", "/api/projects", json={"name": project, "kind": "pairwise"})["id"]
-        token = self.call("POST", "/api/labellers", json={"name": labeller})["token"]
-        self.call("POST", f"/api/projects/{self.project}/members", json={"labeller": labeller})
-        return token
-
-    def add_items(self, rows: list[dict[str, Any]]) -> list[int]:
-        return self.call("POST", f"/api/projects/{self.project}/items", json={"items": rows})["item_ids"]
-
-    def status(self) -> dict[str, int]:
-        return self.call("GET", f"/api/projects/{self.project}/status")
-
-    def pairs_since(self, since_id: int, ties: bool = False) -> Pairs:
-        return self.call("GET", f"/api/projects/{self.project}/export", params={"since_id": since_id, "ties": ties})
-
-    def wait_for_labels(self, target: int, wait_s: float, check: Callable[[], None] = lambda: None) -> None:
-        """Block until the project has `target` active labels (a skip counts: it answers an item).
-        `check` runs between polls and may raise (a labeller thread that died)."""
-        deadline = time.monotonic() + wait_s
-        while (have := self.status()["labels"]) < target:
-            check()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {wait_s:.0f} s for {target} labels, have {have} (online.wait_s)")
-            time.sleep(POLL_S)
-
-
-class HttpLabeller(threading.Thread):
-    """The simulated labeller as an HTTP client: fetch the next item, choose, submit; until stopped.
-
-    `problems` maps a prompt to its problem (the labeller knows the gold answer; the loop adds an
-    entry before posting an item)."""
-
-    def __init__(self, url: str, token: str, project: int, labeller: Labeller, problems: dict[str, Problem]) -> None:
-        super().__init__(daemon=True)
-        self.url, self.token, self.project = url, token, project
-        self.labeller, self.problems = labeller, problems
-        self.stop = threading.Event()
-        self.submitted = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60) as c:
-                while not self.stop.is_set():
-                    item = c.get(f"/api/projects/{self.project}/next").raise_for_status().json()["item"]
-                    if item is None:
-                        self.stop.wait(IDLE_S)
-                        continue
-                    a, b = item["responses"]
-                    choice = self.labeller.judge(self.problems[item["prompt"]], a, b)
-                    body = {"submission_id": uuid.uuid4().hex, "item_id": item["id"], "choice": choice}
-                    c.post(f"/api/projects/{self.project}/labels", json=body).raise_for_status()
-                    self.submitted += 1
-        except BaseException as e:  # surfaced by `check`: the loop would otherwise wait forever
-            self.error = e
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"the simulated labeller failed: {self.error!r}") from self.error
-
-
-def answer_rows(prompt: str, a: str, b: str, choice: str, ties: bool) -> Pairs:
-    """One pairwise answer ("a", "b" or "tie") as the rows the loop's export gives for it, for code that
-    labels in process: the preference pair, or for a tie a row marked "tie" if `ties`, else nothing."""
-    if choice == "tie":
-        return [{"prompt": prompt, "chosen": a, "rejected": b, "tie": True}] if ties else []
-    chosen, rejected = (a, b) if choice == "a" else (b, a)
-    return [{"prompt": prompt, "chosen": chosen, "rejected": rejected}]
 
 
 # --- the loop --------------------------------------------------------------------------------------
@@ -253,7 +90,7 @@ Propose = Callable[[int, int], Round]  # (round index, pairs wanted) -> items to
 Retrain = Callable[[Pairs], dict[str, float]]  # all pairs so far -> held-out metrics
 
 
-def online_loop(api: AdminApi, labeller_problems: dict[str, Problem], propose: Propose, retrain: Retrain,
+def online_loop(api: Any, labeller_problems: dict[str, Problem], propose: Propose, retrain: Retrain,
                 labels: int, every: int, wait_s: float, sink: MetricsSink,
                 check: Callable[[], None] = lambda: None, ties: bool = False) -> Pairs:
     """Rounds of propose -> post -> wait for the labels -> fetch the new pairs -> retrain -> log.
@@ -381,7 +218,7 @@ def candidate_covariance(fitted: Fitted, tokenizer: PreTrainedTokenizerBase, pro
     return score_covariance(grid, factor, prior_precision)
 
 
-def make_proposer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+def make_proposer(cfg: RunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                   current: Callable[[], Fitted | None]) -> Propose:
     o, seed = cfg.online, cfg.train.seed
     prompt_rng, gen = random.Random(seed + 2), torch.Generator().manual_seed(seed + 1)
@@ -417,14 +254,14 @@ def make_proposer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreT
     return propose
 
 
-def heldout_pairs(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+def heldout_pairs(cfg: RunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                   task: Task) -> list[PreferencePair]:
     """One labelled pair per held-out prompt with two distinct samples, fixed across seeds and rules;
     with `online.tie_margin`, without the pairs the labeller would call a tie (they have no answer)."""
     problems = task.heldout(cfg.online.heldout_prompts)
     gen = torch.Generator().manual_seed(HELDOUT_SEED)
     cands = sample_candidates(policy, tokenizer, problems, 2, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen)
-    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=HELDOUT_SEED,
+    labeller = SimulatedLabeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=HELDOUT_SEED,
                         tie_margin=cfg.online.tie_margin)
     rows = [r for r in label_rows(labeller, problems, cands, 2)
             if not labeller.ties(r["gold_chosen"], r["gold_rejected"])]
@@ -480,7 +317,7 @@ class _NullSink:
         pass
 
 
-def fit_reward_model(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+def fit_reward_model(cfg: RunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                      pairs: list[PreferencePair], seed: int) -> RewardModel:
     """A reward model started from the policy (the InstructGPT initialisation) and trained on `pairs`
     with `seed` (untrained if there are none)."""
@@ -492,7 +329,7 @@ def fit_reward_model(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: P
     return rm
 
 
-def bootstrap_members(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+def bootstrap_members(cfg: RunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                       pairs: list[PreferencePair]) -> list[RewardModel]:
     """The committee besides the logged model: `online.committee - 1` reward models, each on a
     bootstrap resample of the pairs (Efron 1979) with its own seed and data order, in eval mode."""
@@ -504,7 +341,7 @@ def bootstrap_members(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: 
     return members
 
 
-def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+def make_retrainer(cfg: RunConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                    heldout: list[PreferencePair],
                    problems: dict[str, Problem]) -> tuple[Retrain, Callable[[], Fitted | None]]:
     """-> (retrain: all pairs so far -> metrics, current: the latest reward model and its pairs, or None).
@@ -524,31 +361,29 @@ def make_retrainer(cfg: OnlineRunConfig, policy: PreTrainedModel, tokenizer: Pre
     return retrain, lambda: state["fitted"]
 
 
-def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[str, Any]:
-    """The whole run (see the module docstring) -> the report (also written to OUT/report.json)."""
-    from feedbackrl.envs.registry import make_task
-    from feedbackrl.feedback.app import create_app
-    from feedbackrl.feedback.server import LiveServer
-    from feedbackrl.feedback.store import create_labeller, open_db
-    from feedbackrl.train.pipeline import load_or_build
-    from feedbackrl.train.sft import sft_warmstart
+def run_online_labels(run: Run) -> dict[str, Any]:
+    """The whole loop (see the module docstring) from the run's (SFT) policy -> the report's "online" section."""
+    try:
+        from feedbackrl.feedback.app import create_app
+        from feedbackrl.feedback.client import AdminApi, HttpLabeller
+        from feedbackrl.feedback.server import LiveServer
+        from feedbackrl.feedback.store import create_labeller, open_db
+    except ImportError as e:
+        raise ConfigError(f"algo.name = 'online_reward_model' serves the labelling app and needs the feedback extra "
+                          f"({e.name} is missing): pip install -e '.[feedback]'") from None
 
-    t0 = time.perf_counter()
-    task = make_task(cfg.task)
-    policy, tokenizer = load_or_build(cfg, out_dir)  # type: ignore[arg-type]
-    if cfg.sft.steps:
-        sft_warmstart(policy, tokenizer, task, cfg.sft, cfg.train.seed, sink)
+    cfg, policy, tokenizer, task, sink = run.cfg, run.model, run.tokenizer, run.task, run.sink
     policy.eval()
     heldout = heldout_pairs(cfg, policy, tokenizer, task)
     ceiling = label_ceiling([p.meta for p in heldout])
-    sessions = open_db(cfg.online.db or str(out_dir / "labels.db"))
+    sessions = open_db(cfg.online.db or str(run.out_dir / "labels.db"))
     with sessions() as s:  # the operator's token, as `feedbackrl label admin-token` makes it
         admin = create_labeller(s, f"online-admin-{uuid.uuid4().hex[:8]}", is_admin=True)[1]
         s.commit()
     problems: dict[str, Problem] = {}
     retrain, current = make_retrainer(cfg, policy, tokenizer, task, heldout, problems)
     propose = make_proposer(cfg, policy, tokenizer, task, current)
-    labeller = Labeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=cfg.train.seed + 3,
+    labeller = SimulatedLabeller(gold_score_for(task, cfg.online.gold), cfg.online.temperature, seed=cfg.train.seed + 3,
                         tie_margin=cfg.online.tie_margin)
     with LiveServer(create_app(sessions=sessions)) as server:
         api = AdminApi(server.url, admin)
@@ -563,12 +398,9 @@ def run_online(cfg: OnlineRunConfig, out_dir: Path, sink: MetricsSink) -> dict[s
             worker.join(timeout=10)
             api.http.close()
     sessions.kw["bind"].dispose()
-    rows = [r for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("phase") == "online"]
-    report = {"selection": cfg.online.selection, "seed": cfg.train.seed, "project_id": api.project,
-              "labels": rows[-1]["labels"], "pairs": rows[-1]["pairs"], "heldout_pairs": len(heldout),
-              "heldout_ceiling": ceiling,
-              "labeller_submitted": worker.submitted, **summarise(rows, ACCURACY_MARKS),
-              "curve": [[r["labels"], r["rm/heldout_accuracy"]] for r in rows],
-              "wall_seconds": time.perf_counter() - t0}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
-    return report
+    rows = [r for r in read_jsonl(run.out_dir / "metrics.jsonl") if r.get("phase") == "online"]
+    return {"online": {"selection": cfg.online.selection, "seed": cfg.train.seed, "project_id": api.project,
+                       "labels": rows[-1]["labels"], "pairs": rows[-1]["pairs"], "heldout_pairs": len(heldout),
+                       "heldout_ceiling": ceiling, "labeller_submitted": worker.submitted,
+                       **summarise(rows, ACCURACY_MARKS),
+                       "curve": [[r["labels"], r["rm/heldout_accuracy"]] for r in rows]}}
