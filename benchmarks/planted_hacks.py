@@ -93,6 +93,7 @@ def summarise(scores: list[RunScore]) -> list[dict[str, Any]]:
         rows.append({
             "hack": hack, "runs": len(hacked), "caught_in_time": sum(s.in_time for s in hacked),
             "detected_step_median": statistics.median(delays) if delays else None,
+            "detected_at": [s.detected_step for s in hacked],
             "detectors": sorted({s.detector for s in hacked if s.detector}),
             "gold_fell_at": [s.fall_step for s in hacked],
             "gold_peak": statistics.mean(s.gold_peak for s in hacked) if hacked else None,
@@ -108,15 +109,46 @@ def table(rows: list[dict[str, Any]]) -> str:
     def f(x: Any) -> str:
         return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
-    head = ("| hack | caught in time | detection step (median) | first detector | gold fell >10% at | "
+    head = ("| hack | caught in time | detected at step | first detector | gold fell >10% at | "
             "gold peak | gold final | clean: false alarms | clean gold final | clean health alerts |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        lines.append(f"| {r['hack']} | {r['caught_in_time']}/{r['runs']} | {f(r['detected_step_median'])} | "
+        lines.append(f"| {r['hack']} | {r['caught_in_time']}/{r['runs']} | {r['detected_at']} | "
                      f"{', '.join(r['detectors']) or '-'} | {r['gold_fell_at']} | {f(r['gold_peak'])} | "
                      f"{f(r['gold_final'])} | {r['false_alarms']}/{r['clean_runs']} | {f(r['clean_gold_final'])} | "
                      f"{r['health_alerts_clean']} |")
     return "\n".join(lines)
+
+
+def plot(out: Path, path: Path, seed: int = 0) -> None:
+    """One panel per hack: proxy reward and gold of the hacked run and its clean twin, alerts marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from feedbackrl.monitors.plot import mark_alerts
+
+    fig, axes = plt.subplots(1, len(HACKS), figsize=(4 * len(HACKS), 3.2), sharey=True)
+    for ax, hack in zip(axes, HACKS, strict=True):
+        for closed, style in ((False, "-"), (True, ":")):
+            run = out / f"{hack}{'_clean' if closed else ''}_s{seed}"
+            if not (run / "metrics.jsonl").is_file():
+                continue
+            rows = [r for r in read_jsonl(run / "metrics.jsonl") if "gold/batch_mean" in r]
+            label = "clean twin" if closed else "hacked"
+            ax.plot([r["step"] for r in rows], [r["reward/mean"] for r in rows], "C0" + style, label=f"proxy ({label})")
+            ax.plot([r["step"] for r in rows], [r["gold/batch_mean"] for r in rows], "C2" + style,
+                    label=f"gold ({label})")
+            if not closed and (run / "alerts.jsonl").is_file():
+                mark_alerts(ax, read_jsonl(run / "alerts.jsonl"))
+        ax.set_title(hack)
+        ax.set_xlabel("step")
+    axes[0].set_ylabel("mean per step")
+    axes[-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -129,6 +161,7 @@ def main() -> None:
     ap.add_argument("--gold-samples", type=int, default=64)
     ap.add_argument("--hacks", nargs="*", default=list(HACKS))
     ap.add_argument("--hacking-only", action="store_true", help="skip the clean twins")
+    ap.add_argument("--plot", type=Path, default=None, help="also draw seed 0's runs, alerts marked, to this PNG")
     args = ap.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -145,6 +178,8 @@ def main() -> None:
                                                       indent=2))
     (args.out / "table.md").write_text(table(rows) + "\n")
     print(table(rows))
+    if args.plot:
+        plot(args.out, args.plot)
 
 
 if __name__ == "__main__":

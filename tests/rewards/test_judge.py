@@ -223,3 +223,15 @@ def test_a_recipe_reward_section_builds_the_judge_from_the_registry():
         verdicts = reward([PROBLEM, PROBLEM], ["cba", "abc"])
     assert [(v.score, v.passed) for v in verdicts] == [(1.0, True), (0.0, False)]
     assert "the word backwards" in app.state.requests[0][0]["content"]
+
+
+def test_a_local_hf_model_as_judge_goes_through_the_same_parsing(tiny_model_dir):
+    from feedbackrl.rewards.judge_backends import HFChat
+
+    chat = CachedChat(HFChat(str(tiny_model_dir), max_new_tokens=8))
+    v = PointwiseJudge(chat, RUBRIC)(PROBLEM, "cba")
+    # an untrained 1M-parameter model writes characters, not the JSON object: retried once, then said so
+    assert (v.score, v.passed, v.details["unparsable"]) == (0.0, False, True)
+    m = chat.pop_metrics()
+    assert (m["judge/calls"], m["judge/unparsable"], m["judge/completion_tokens"]) == (2, 1, 16)
+    assert chat.backend.name == f"hf:{tiny_model_dir}"
