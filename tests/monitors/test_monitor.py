@@ -138,3 +138,15 @@ def test_mark_alerts_draws_one_line_per_alert(tmp_path):
     assert sorted(line.get_xdata()[0] for line in ax.get_lines()[1:]) == [3, 5]
     assert mark_alerts(ax, read_jsonl(tmp_path / "alerts.jsonl"), label=False) == 2
     plt.close(fig)
+
+
+def test_alerts_section_for_the_report(tmp_path):
+    from feedbackrl.monitors.report import alerts_section
+
+    assert alerts_section(tmp_path) == {"count": 0, "first_step": None, "by_detector": {}, "actions": {},
+                                        "alerts": []}
+    write_run(tmp_path, True)
+    section = alerts_section(tmp_path)
+    assert (section["count"], section["first_step"], section["by_detector"], section["actions"]) == (
+        2, 3, {"judge_address": 1, "kl_blowup": 1}, {"log": 2})
+    assert section["alerts"][0]["examples"] == [JUDGE]
