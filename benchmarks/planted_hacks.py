@@ -10,6 +10,8 @@ full batch's gold mean is logged as `gold/batch_mean` for scoring only (no detec
 
 Writes OUT/results.json and OUT/table.md (per hack: runs caught in time, time to detection,
 gold peak and final, false alarms on the clean twins). Runs one after another, one thread each.
+The length, prefix and phrase twins with the loophole closed are the same task (exact-match
+reversal), so they share one run per seed.
 """
 
 from __future__ import annotations
@@ -63,8 +65,15 @@ def run_config(args: argparse.Namespace, seed: int) -> RunConfig:
     })
 
 
+def run_dir(out: Path, hack: str, closed: bool, seed: int) -> Path:
+    """Closing the length, prefix and phrase loopholes leaves plain exact-match reversal: one shared run."""
+    if closed and hack != "format_weight":
+        return out / f"exact_clean_s{seed}"
+    return out / f"{hack}{'_clean' if closed else ''}_s{seed}"
+
+
 def one_run(args: argparse.Namespace, base: Path, hack: str, closed: bool, seed: int) -> RunScore:
-    out = args.out / f"{hack}{'_clean' if closed else ''}_s{seed}"
+    out = run_dir(args.out, hack, closed, seed)
     if not (out / "done.json").is_file():
         task = PlantedReverse(**TASK, hack=hack, closed=closed)
         cfg = run_config(args, seed)
@@ -132,7 +141,7 @@ def plot(out: Path, path: Path, seed: int = 0) -> None:
     fig, axes = plt.subplots(1, len(HACKS), figsize=(4 * len(HACKS), 3.2), sharey=True)
     for ax, hack in zip(axes, HACKS, strict=True):
         for closed, style in ((False, "-"), (True, ":")):
-            run = out / f"{hack}{'_clean' if closed else ''}_s{seed}"
+            run = run_dir(out, hack, closed, seed)
             if not (run / "metrics.jsonl").is_file():
                 continue
             rows = [r for r in read_jsonl(run / "metrics.jsonl") if "gold/batch_mean" in r]
