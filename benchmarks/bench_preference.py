@@ -6,7 +6,7 @@ Prints a markdown table and writes benchmarks/results/preference.json (benchmark
 part for both sizes as one of its sections).
 
 Same tiny or small model (the char-level Llamas of `models/tiny.py`, seed 0), same data and
-batch as the TRL CPU anchor (shared/baselines/trl-cpu, DPO part): 16 pairs per step, prompt
+batch as the TRL CPU anchor (its DPO part): 16 pairs per step, prompt
 "Question: what is a+b? Answer: " (31 tokens), chosen/rejected "a+b=s, so the answer is s."
 with a right or wrong sum (~26 tokens + EOS). max_length is set high enough that TRL truncates
 nothing, so both sides see the same tokens. fp32, lr 1e-4, no gradient checkpointing.

@@ -1,6 +1,6 @@
 """Shared pieces of the speed benchmarks: the models, the GRPO toy task, FLOP counts, worker plumbing.
 
-Everything here mirrors ../shared/baselines/trl-cpu (bench_trl.py, make_tiny_model.py) so that
+Everything here mirrors the TRL CPU baseline's scripts (bench_trl.py, make_tiny_model.py) so that
 feedbackrl and TRL see the same models, tokenizer, prompts, reward and hyperparameters.
 """
 

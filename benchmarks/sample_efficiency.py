@@ -3,8 +3,8 @@
     python benchmarks/sample_efficiency.py                       # 2 seeds x 120 steps each (~15-25 min at 1 thread)
     python benchmarks/sample_efficiency.py --seeds 0 --steps 60  # a quicker look
 
-Issue 5 asks that speed is not bought with learning: "steps to reach the same held-out accuracy are
-no more than TRL's at the same settings". Both sides start from one SFT checkpoint (the demo's
+Speed must not be bought with learning: steps to reach the same held-out accuracy should be
+no more than TRL's at the same settings. Both sides start from one SFT checkpoint (the demo's
 recipe, recipes/reverse_grpo.toml: noisy demonstrations, so greedy decoding copies long words) and
 train with the demo's GRPO settings: 16 prompts x 8 samples per step, up to 8 new tokens with EOS,
 temperature 1, lr 5e-4 constant, AdamW, clip 0.2, grad-norm clip 1.0, token-mean (DAPO) loss,

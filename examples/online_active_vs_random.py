@@ -4,7 +4,7 @@ table of labels-to-reach-accuracy and a plot of held-out accuracy against labels
     python examples/online_active_vs_random.py --out runs/online_sweep --seeds 0 1 2 --jobs 2 \\
         --set model.path=runs/reward_model/sft_policy --set sft.steps=0 --plot docs/online_rm.png
 
-Each run is `feedbackrl label online recipes/online_rm.toml --out OUT/<rule>_s<seed>`; a run that
+Each run is `feedbackrl train recipes/online_rm.toml --out OUT/<rule>_s<seed>`; a run that
 has started (metrics.jsonl exists) is never started again, so two sweeps over the same OUT do not
 collide. `--summarise-only` redraws from finished runs.
 """

@@ -9,7 +9,7 @@ setting and prints held-out accuracy: mean, standard deviation and seconds per f
         --setting "" --setting algo.epochs=16 --setting algo.epochs=8,algo.lr=3e-4
 
 Each `--setting` is a comma-separated list of overrides on top of `--set` ("" = the recipe as is).
-docs/human_feedback.md ("Measured (session 4)") has the results.
+docs/human_feedback.md ("A converged reward model") has the results.
 """
 
 from __future__ import annotations

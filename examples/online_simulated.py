@@ -1,5 +1,5 @@
 """The online reward-model loop without the app: the same proposer, retrainer and held-out set as
-`feedbackrl label online`, but the simulated labeller answers in process instead of over HTTP.
+`feedbackrl train recipes/online_rm.toml`, but the simulated labeller answers in process instead of over HTTP.
 
 2-3x faster than the real loop (no server, no per-label requests), so it is the tool for screening
 selection rules over many seeds before a recorded run through the app. It is not the recorded run:

@@ -68,7 +68,7 @@ def test_errors_name_the_field(data, line):
     pytest.param({"algo": {"name": "reward_model"}, "prefs": {"responses": 4}}, "prefs.responses must be 2",
                  id="rm-pairs"),
     pytest.param({"algo": {"name": "dpo"}, "reward": {"model": "runs/rm/reward_model"}},
-                 "reward.model is the reward of online RL", id="reward-unused"),
+                 "[reward] is the reward of online RL", id="reward-unused"),
     pytest.param({"algo": {"name": "rloo"}, "rollout": {"group_size": 1}}, "group_size must be >= 2 for rloo",
                  id="rloo-group"),
     pytest.param({"algo": {"name": "ppo", "minibatches": 3}, "rollout": {"prompts_per_step": 2, "group_size": 2}},

@@ -70,7 +70,7 @@ def train(recipe: Annotated[Path, typer.Argument(help="recipe TOML file")],
 
 @app.command("eval")
 def eval_(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir or hub id")],
-          recipe: Annotated[Path | None, typer.Option(help="recipe whose [task] and [eval] to use")] = None,
+          recipe: Annotated[Path | None, typer.Option(help="recipe whose task and eval sections to use")] = None,
           set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. task.name=addition")] = None,
           out: Annotated[Path | None, typer.Option(help="write the result JSON here")] = None) -> None:
     """Evaluate a checkpoint on a task's held-out problems (greedy pass@1 and pass@k)."""

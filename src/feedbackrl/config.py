@@ -282,8 +282,8 @@ class RunConfig(Section):
         if a.name == "online_reward_model" and a.kind != "reward":
             raise ValueError("algo.kind must be 'reward' for online_reward_model: the loop learns what the labeller "
                              "prefers")
-        if self.reward.model and a.name not in ONLINE_ALGOS:
-            raise ValueError(f"reward.model is the reward of online RL ({', '.join(ONLINE_ALGOS)}); "
+        if (self.reward.model or self.reward.source) and a.name not in ONLINE_ALGOS:
+            raise ValueError(f"[reward] is the reward of online RL ({', '.join(ONLINE_ALGOS)}); "
                              f"algo.name={a.name!r} does not use it")
         return self
 

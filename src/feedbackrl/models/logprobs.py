@@ -94,11 +94,21 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
         # use_cache=False: HF models default to building a KV cache even in a training forward
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep)
         logits = out.logits[:, -t - 1 : -1]  # predictions for each completion token
-    logits = logits.float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * completion_mask
+    return token_logprobs(logits, completion_ids, completion_mask, temperature, with_entropy)
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, mask: Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(N, T, V) logits of the positions that predict `ids` (N, T) -> the log-prob of each token under the
+    tempered distribution (N, T), 0 where `mask` is 0, and that distribution's entropy (N, T) when asked.
+
+    The one place log-probs are taken from logits for training (`sequence_logprobs`, PPO's
+    `logprobs_and_values`); sampling takes them in `rollout.generate`, from the same tempered logits.
+    """
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logprobs = logp_all.gather(-1, ids[..., None]).squeeze(-1) * mask
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * completion_mask
+            entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
     return logprobs, entropy

@@ -10,8 +10,8 @@ Why Llama rather than Qwen2: with transformers 5.x, `AutoTokenizer` on a directo
 says `qwen2` rebuilds a byte-level BPE tokenizer over our vocabulary and silently drops spaces.
 `llama` keeps the saved tokenizer as is; `check_roundtrip` guards this.
 
-The sizes match the TRL CPU baselines in shared/baselines/trl-cpu so benchmarks compare like
-with like.
+The sizes match the TRL CPU baseline scripts that benchmarks/ compares against, so benchmarks
+compare like with like.
 """
 
 from __future__ import annotations

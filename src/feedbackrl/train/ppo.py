@@ -28,7 +28,7 @@ from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, val
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
-from feedbackrl.models.logprobs import positions, sequence_logprobs
+from feedbackrl.models.logprobs import positions, sequence_logprobs, token_logprobs
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
@@ -61,12 +61,10 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
     # good, and a hooked model loses the fast decode path (models.logprobs.fast_path_ok).
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
                               use_cache=False).last_hidden_state[:, p - 1 : -1]
-    logp_all = torch.log_softmax(model.get_output_embeddings()(hidden).float() / temperature, dim=-1)
     m = completion_mask.float()
-    logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * m
+    logprobs, entropy = token_logprobs(model.get_output_embeddings()(hidden), completion_ids, m, temperature,
+                                       with_entropy=True)
     values = value_head(hidden).squeeze(-1).float() * m
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * m
     return logprobs, values, entropy
 
 

@@ -31,7 +31,7 @@ from feedbackrl.data.labeller import (
 )
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
 from feedbackrl.envs.base import Task
-from feedbackrl.rewards.learned import LearnedReward
+from feedbackrl.rewards.registry import BatchReward, build_reward, part_metrics
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import generate
 from feedbackrl.train.collect import Scorer
@@ -102,20 +102,22 @@ def _database_pairs(db: str, project: str) -> tuple[list[dict[str, Any]], str]:
         raise ConfigError(str(e)) from None
 
 
-def training_reward(cfg: RunConfig, task: Task) -> Any:
-    """The recipe's reward as a batch scorer: a learned reward model (`reward.model`), else the task's verifier."""
-    return LearnedReward.from_dir(cfg.reward.model).batch if cfg.reward.model else task.verify_batch
+def training_reward(cfg: RunConfig, task: Task) -> BatchReward:
+    """The recipe's `[reward]` as a batch scorer (`rewards/registry.py`); the task's verifier by default."""
+    return build_reward(cfg.reward, task.verify_batch)
 
 
-def gold_scorer(reward: Any, gold: GoldScore | None) -> Scorer:
-    """`reward` as a `Scorer`; with `gold`, the gold score of the same completions is logged beside it."""
+def gold_scorer(reward: BatchReward, gold: GoldScore | None) -> Scorer:
+    """`reward` as a `Scorer` (a composite's parts logged as `reward/<part>/...`); with `gold`, the gold
+    score of the same completions is logged beside it."""
 
     def score(problems: Sequence[Problem], texts: Sequence[str]) -> tuple[list[Verdict], dict[str, float]]:
         verdicts = reward(problems, texts)
         if gold is None:
-            return verdicts, {}
+            return verdicts, part_metrics(verdicts)
         golds = [gold(p, t) for p, t in zip(problems, texts, strict=True)]
-        extra = {"reward/gold_mean": sum(golds) / len(golds), "reward/gold_pass_rate": golds.count(1.0) / len(golds)}
+        extra = {**part_metrics(verdicts), "reward/gold_mean": sum(golds) / len(golds),
+                 "reward/gold_pass_rate": golds.count(1.0) / len(golds)}
         raw = [v.details["raw"] for v in verdicts if "raw" in v.details]
         if len(raw) == len(verdicts):  # a learned reward model's uncalibrated score
             extra["reward/raw_mean"] = sum(raw) / len(raw)

@@ -96,7 +96,8 @@ def _pyplot() -> Any:
 def _finish(fig: Any, ax: Any, png_path: Path, title: str) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     _pyplot().close(fig)
@@ -124,7 +125,8 @@ def write_plot(metrics_path: Path, png_path: Path, title: str = "") -> None:
                 label="reward model: held-out pairwise accuracy")
         ax.set_xlabel("labels")
     else:
-        for key in ("loss/rm", "loss/pref"):
+        keys = [k for k in ("loss/rm", "loss/pref") if any(k in r for r in rows)] or ["loss/sft"]
+        for key in keys:  # the algorithm's own loss; SFT's when SFT is the algorithm
             pts = [(r["step"], r[key]) for r in rows if key in r]
             if pts:
                 ax.plot(*zip(*pts, strict=True), label=key)

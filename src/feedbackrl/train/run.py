@@ -167,7 +167,8 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
     reward = training_reward(cfg, task)
     proxy = cfg.algo.name == "dpo" or reward != task.verify_batch  # trained on something other than the verifier
     sink = make_sink(cfg, out_dir)
-    report: dict[str, Any] = {"task": cfg.task.name, "algo": cfg.algo.name, "reward": cfg.reward.model or "verifier"}
+    report: dict[str, Any] = {"task": cfg.task.name, "algo": cfg.algo.name,
+                              "reward": cfg.reward.model or cfg.reward.source or "verifier"}
     try:
         model, tokenizer, before = prepare_policy(cfg, task, out_dir, ckpt, device, sink)
         baseline = copy.deepcopy(model).eval() if proxy and entry.trains_policy else None
