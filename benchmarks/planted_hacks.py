@@ -164,6 +164,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/planted"))
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--kl-coef", type=float, default=0.0)
     ap.add_argument("--gold-every", type=int, default=1)
@@ -178,7 +179,7 @@ def main() -> None:
     scores = []
     for hack in args.hacks:
         for closed in (False,) if args.hacking_only else (False, True):
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 s = one_run(args, base, hack, closed, seed)
                 print(json.dumps(asdict(s)), flush=True)
                 scores.append(s)

@@ -88,18 +88,18 @@ def test_format_only_quiet_when_correctness_rises_too_or_no_parts():
 
 # --- proxy vs gold ----------------------------------------------------------------------------------------
 def test_proxy_gold_fires_on_growing_gap():
-    proxy, gold = [0.4, 0.5, 0.6, 0.7], [0.4, 0.4, 0.35, 0.3]
+    proxy, gold = [0.4, 0.5, 0.5, 0.6, 0.7, 0.8], [0.4, 0.4, 0.4, 0.35, 0.3, 0.3]
     rows = [{"monitor/proxy_mean": p, "monitor/gold_mean": g} for p, g in zip(proxy, gold, strict=True)]
     alerts = metric_stream(ProxyGoldDivergence(), rows)
-    # gaps 0, .1, .25, .4: base (0 + .1)/2 = .05, recent (.25 + .4)/2 = .325 -> rise .275 at the 4th check
-    assert [(a.step, round(a.statistic, 6)) for a in alerts] == [(4, 0.275)]
+    # gaps 0, .1, .1, .25, .4, .5: base (0 + .1 + .1)/3, recent (.25 + .4 + .5)/3 -> rise .95/3 at the 6th check
+    assert [(a.step, round(a.statistic, 6)) for a in alerts] == [(6, round(0.95 / 3, 6))]
 
 
 def test_proxy_gold_reads_logged_gold_and_skips_steps_without_it():
     rows = [{"reward/mean": p, "reward/gold_mean": g} for p, g in [(0.2, 0.2), (0.3, 0.3)]]
     rows += [{"reward/mean": 0.9}, {"reward/mean": 0.9, "reward/gold_mean": 0.3}, {"reward/mean": 1.0,
                                                                                     "reward/gold_mean": 0.3}]
-    alerts = metric_stream(ProxyGoldDivergence(), rows)
+    alerts = metric_stream(ProxyGoldDivergence(window=2), rows)
     assert [(a.step, round(a.statistic, 6)) for a in alerts] == [(5, 0.65)]  # gaps 0, 0, .6, .7
 
 

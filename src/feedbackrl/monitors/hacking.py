@@ -104,7 +104,7 @@ class ProxyGoldDivergence(Detector):
     the last and first `window` gold checks. Fires at >= `gap_min`.
     """
 
-    window: int = 2
+    window: int = 3
     gap_min: float = 0.1
     name: str = "proxy_gold"
 
