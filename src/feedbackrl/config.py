@@ -247,6 +247,27 @@ class TrainConfig(Section):
         "minibatch at once"))
 
 
+MonitorAction = Literal["log", "stop", "rollback", "raise_kl"]
+
+
+class MonitorsConfig(Section):
+    """The reward-hacking and health monitors (`feedbackrl.monitors`) run after every on-policy step."""
+
+    enabled: bool = Field(True, description="run the monitors after each step (alerts, samples.jsonl)")
+    detectors: list[str] = Field(default_factory=lambda: ["all"], description=(
+        'detector names to run (see `feedbackrl.monitors.registry`); ["all"] = every one'))
+    actions: dict[str, MonitorAction] = Field(default_factory=dict, description=(
+        "detector name -> log | stop | rollback | raise_kl; unlisted detectors only log"))
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "detector name -> its threshold and window settings, e.g. {length_gaming = {growth_min = 0.3}}"))
+    samples_per_step: int = Field(8, ge=0, le=1024, description="completions per step written to samples.jsonl")
+    gold_every: int = Field(0, ge=0, description="score a sample with the gold check every N steps; 0 = never")
+    gold_samples: int = Field(32, ge=1, description="completions per gold check (spread over the groups)")
+    kl_raise: float = Field(2.0, gt=1, description="raise_kl multiplies algo.kl_coef by this")
+    kl_floor: float = Field(0.05, gt=0, description="raise_kl sets algo.kl_coef at least this (from 0)")
+    max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run; past it a rollback stops the run")
+
+
 class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -259,6 +280,7 @@ class RunConfig(Section):
     online: OnlineConfig = Field(default_factory=OnlineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -4,6 +4,7 @@
 - reverse: `procedural.reverse.ReverseTask` (the demo task)
 - dataset: `dataset.DatasetTask` (JSONL/Parquet/CSV/saved `datasets`; verifier exact, math or code)
 - reasoning_gym: `reasoning_gym.ReasoningGymTask` (any reasoning-gym generator, `dataset` + `config`)
+- planted_reverse: `planted.PlantedReverse` (a proxy reward with a known loophole, and a hidden gold check)
 - adaptive_addition, adaptive_reverse, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
 """
 
@@ -18,6 +19,7 @@ from feedbackrl.config import ConfigError, TaskConfig
 from feedbackrl.envs.adaptive import adaptive_addition, adaptive_reasoning_gym, adaptive_reverse
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.dataset import DatasetError, DatasetTask
+from feedbackrl.envs.planted import PlantedReverse
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
@@ -30,6 +32,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "adaptive_addition": adaptive_addition,
     "adaptive_reasoning_gym": adaptive_reasoning_gym,
     "adaptive_reverse": adaptive_reverse,
+    "planted_reverse": PlantedReverse,
 }
 
 

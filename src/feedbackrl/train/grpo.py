@@ -27,9 +27,11 @@ from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.lora import adapters_disabled, is_lora
 from feedbackrl.models.policy import train_autocast
-from feedbackrl.train.checkpoint import frozen_reference, restore, save_checkpoint
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
 from feedbackrl.train.context import Run
+from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 # the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
@@ -45,10 +47,11 @@ def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimi
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                on_eval: Callable[[int], dict[str, Any]] | None = None,
-               scorer: Scorer | None = None) -> dict[str, Any]:
+               scorer: Scorer | None = None, monitor: Monitor | None = None) -> dict[str, Any]:
     """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
-    Completions are scored by the task's verifier, or by `scorer` when given.
+    Completions are scored by the task's verifier, or by `scorer` when given. `monitor` (default: one
+    built from `[monitors]`) checks every step and may stop, roll back or raise the KL coefficient.
     """
     scorer = scorer or task_scorer(task)
     a, ro_cfg = cfg.algo, cfg.rollout
@@ -60,8 +63,11 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     if resume_from is not None:
         start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
         console.print(f"resumed from {resume_from} at step {start}")
+    monitor = live_monitor(cfg, out_dir, monitor, task)
+    kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
+    wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
     # LoRA: the reference is the base model with the adapters disabled, no second copy
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 and not is_lora(model) else None
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref and not is_lora(model) else None
     precision = functools.partial(train_autocast, cfg.train.precision, model.device)
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
@@ -72,6 +78,9 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
         save_checkpoint(out_dir, model, tokenizer, optimizer if cfg.train.save_optimizer else None, step, prompt_rng,
                         sample_rng, cfg.model_dump_json(indent=2), task.state_dict())
 
+    end = a.steps
+    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
+        checkpoint(start)  # something to roll back to before the first periodic checkpoint
     with progress() as bar:
         job = bar.add_task(a.name.upper(), total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
@@ -86,7 +95,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 # ratio is exactly 1 and the detached current log-probs serve
                 old_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0] if n_updates > 1 else None
                 ref_lp = sequence_logprobs(ref, *tensors, ro_cfg.temperature)[0] if ref is not None else None
-                if a.kl_coef > 0 and ref is None:
+                if wants_ref and ref is None:
                     with adapters_disabled(model):
                         ref_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0]
             # 4. optimise: epochs x minibatches
@@ -112,7 +121,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         kl = torch.zeros_like(pg)
                         if ref_lp is not None:
                             kl = kl_k3(logprobs, ref_lp[sub])
-                            per_token = pg + a.kl_coef * kl
+                            per_token = pg + kl_coef * kl
                         aggregate(per_token, mask[sub], **norm).backward()
                         parts["pg"].append(pg.detach())
                         parts["kl"].append(kl.detach())
@@ -139,12 +148,27 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             done = step + 1
             if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
                 metrics.update(on_eval(done))
+            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
+            if decision is not None:
+                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
             sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
+            if decision is not None and monitor is not None:
+                if decision.stop:
+                    end = done
+                    console.print(f"monitors stopped the run at step {done}: {decision.alerts[0].message}")
+                    break
+                if decision.raise_kl:
+                    kl_coef = monitor.raised_kl(kl_coef)
+                if decision.rollback:
+                    monitor.rolled_back(roll_back(out_dir, model, optimizer)[0])
+                    continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
                 checkpoint(done)
     if start < a.steps or resume_from is None:
-        checkpoint(a.steps)
+        checkpoint(end)
     return metrics
 
 
