@@ -166,7 +166,9 @@ def leaf_node(name: str, dirs: dict[str, Path]) -> dict[str, Any]:
              "cost": {"path": str(dirs["cost"])}, "code": {"allow_unsafe": True, "timeout_s": 5.0},
              "weighted_sum": {"parts": {"a": {"source": "task"}}},
              "gate": {"gate": {"source": "task"}, "reward": {"source": "task"}},
-             "value_weighted": {"reward": {"source": "task"}, "default_value": 0.5}}
+             "value_weighted": {"reward": {"source": "task"}, "default_value": 0.5},
+             # nothing listens on port 9: the judge answers "unavailable" verdicts (its own tests use a live server)
+             "judge": {"judge_model": "m", "base_url": "http://127.0.0.1:9/v1", "criteria": {"right": "is it right"}}}
     return {"source": name, **nodes.get(name, example_params(name) if name in CHECKERS else {})}
 
 

@@ -42,6 +42,7 @@ from feedbackrl.config import ConfigError
 from feedbackrl.rewards import instructions
 from feedbackrl.rewards.combine import Gate, ValueWeighted, WeightedSum
 from feedbackrl.rewards.format import RegexFormat, TagFormat
+from feedbackrl.rewards.judge import judge_source
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict
 
 if TYPE_CHECKING:
@@ -246,6 +247,7 @@ REWARDS: dict[str, Source] = {
     "tags": Source(_tags, "<think>...</think><answer>...</answer> and nothing else"),
     "learned": Source(_learned, "a reward model directory written by a reward_model run"),
     "cost": Source(_cost, "a cost model directory; score = 1 - calibrated cost, passes when predicted safe"),
+    "judge": Source(judge_source, "an LLM judge on an OpenAI-compatible endpoint scoring a weighted rubric"),
     "constraints": Source(_constraints, "the problem's own constraint specs (meta['constraints'])"),
     **{cid: Source(functools.partial(_instruction, cid), f"instruction check: {inspect.getdoc(fn)}",
                    functools.partial(_check_instruction, cid))

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.config import RolloutConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.multi_turn import EpisodicTask
-from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.rewards.verdict import Problem, Verdict, fail
 from feedbackrl.rollout.generate import generate
 
 # (problems, completions) -> (one verdict per completion, extra metrics for the step's log line)
@@ -63,6 +63,12 @@ class Batch:
         return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
 
 
+def fail_truncated(verdicts: Sequence[Verdict], truncated: Sequence[bool]) -> list[Verdict]:
+    """Verdicts with every cut-off completion failed (score 0), its original verdict kept as evidence."""
+    return [fail("cut off by max_new_tokens before an end token", original=v.reason) if cut else v
+            for v, cut in zip(verdicts, truncated, strict=True)]
+
+
 def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
             cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
     """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
@@ -80,6 +86,8 @@ def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Ta
     verdicts, extra = scorer(owners, ro.texts)
     if len(verdicts) != len(owners):
         raise ValueError(f"the reward returned {len(verdicts)} verdicts for {len(owners)} completions")
+    if cfg.truncated_fails:
+        verdicts = fail_truncated(verdicts, ro.truncated.tolist())
     t_score = time.perf_counter()
     task.observe(owners, verdicts)
     rewards = torch.tensor([float(v.score) for v in verdicts], device=ro.completion_ids.device)
