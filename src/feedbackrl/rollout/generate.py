@@ -332,11 +332,22 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     `min_new_tokens` suppresses EOS for that many steps, as in HF `generate` (benchmarks use it to
     make every completion exactly `max_new_tokens` long).
     """
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    return generate_ids(model, tokenizer, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p, greedy,
+                        generator, min_new_tokens)
+
+
+@torch.no_grad()
+def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: Tensor, prompt_mask: Tensor,
+                 max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                 generator: torch.Generator | None = None, min_new_tokens: int = 0) -> Rollout:
+    """`generate` from token ids: prompt_ids, prompt_mask (N, P) left-padded (multi-turn episodes continue
+    from the exact tokens sampled so far, special tokens included, which re-encoding text would not keep)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     model = decodable(model)  # a LoRA model's transformers model, adapters in place (merged by the fast decoder)
     dev = model.device  # the rollout lives where the model does
-    prompt_ids, prompt_mask = (t.to(dev) for t in encode_prompts(tokenizer, prompts))
+    prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
     n, pad = prompt_ids.shape[0], tokenizer.pad_token_id
     eos = end_token_ids(model, tokenizer).to(dev)  # (E,)
     was_training = model.training

@@ -31,6 +31,7 @@ from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
 from feedbackrl.train.context import Run
+from feedbackrl.train.episodes import write_transcripts
 from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
@@ -89,6 +90,10 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
             # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            if batch.turn_advantages is not None:  # episodes with per-turn credit: (N,) -> (N, T)
+                advantages = advantages[:, None] + batch.turn_advantages
+            if batch.episodes is not None:
+                write_transcripts(out_dir / "episodes.jsonl", step + 1, batch.episodes)
             tensors, mask = batch.tensors, batch.completion_mask.float()
             with torch.no_grad(), precision():
                 # old log-probs only matter when the policy moves within a batch; with one update the
