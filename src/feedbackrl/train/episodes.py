@@ -248,5 +248,6 @@ def evaluate_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     n = len(problems)
     samples = [{"prompt": r.prompt, "completion": _completion_text(r), "correct": r.verdict.passed, "end": r.end}
                for r in greedy[:n_samples]]
-    return EvalResult(sum(r.verdict.passed for r in greedy) / n, any_correct / n, k, n, policy_tokens / n, samples,
-                      episode_stats(greedy))
+    stats = episode_stats(greedy)
+    return EvalResult(sum(r.verdict.passed for r in greedy) / n, any_correct / n, k, n, policy_tokens / n,
+                      truncated_frac=stats.get("episode/end/truncated", 0.0), samples=samples, metrics=stats)
