@@ -81,6 +81,17 @@ def admin_token(db: DbOption = DEFAULT_DB,
     typer.echo(token)
 
 
+@label_app.command()
+def revoke(labeller: Annotated[str, typer.Argument(help="labeller name")], db: DbOption = DEFAULT_DB) -> None:
+    """Lock a labeller out: their token stops working, admin right and invitations go; labels stay."""
+    from feedbackrl.feedback.store import revoke_labeller
+
+    with _session(db) as s:
+        revoke_labeller(s, labeller)
+        s.commit()
+    typer.echo(f"{labeller!r} is revoked: their token no longer works (`label invite --new-token` to restore)")
+
+
 @label_app.command("create-project")
 def create_project_cmd(
         name: Annotated[str, typer.Argument(help="unique project name")],

@@ -51,9 +51,9 @@ def test_every_format_gives_the_same_problems(tmp_path: Path, fmt: str) -> None:
     task = DatasetTask(write(tmp_path, fmt, ROWS), prompt_field="question", answer_field="solution",
                        heldout_fraction=0.2, meta_fields=["level"])
     reference = DatasetTask(write(tmp_path, "jsonl", ROWS), "question", "solution", 0.2, meta_fields=["level"])
-    held = task.heldout(10)
+    held = task.heldout(2)
     assert [(p.prompt, str(p.answer), p.meta["row"]) for p in held] == \
-           [(p.prompt, p.answer, p.meta["row"]) for p in reference.heldout(10)]
+           [(p.prompt, p.answer, p.meta["row"]) for p in reference.heldout(2)]
     assert len(held) == 2
     p = task.sample(random.Random(0))
     assert p.prompt == ROWS[p.meta["row"]]["question"]

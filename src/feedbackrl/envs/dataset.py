@@ -176,6 +176,11 @@ class DatasetTask(Task):
         return self._train[rng.randrange(len(self._train))]
 
     def heldout(self, n: int) -> list[Problem]:
+        """The first `n` held-out rows; asking for more than the split holds is an error, never a silent cap."""
+        if n > len(self._heldout):
+            raise DatasetError(f"asked for {n} held-out problems but the dataset's held-out split has "
+                               f"{len(self._heldout)} rows (heldout_fraction={self.heldout_fraction}); lower "
+                               "task.heldout_size or raise task.options.heldout_fraction")
         return self._heldout[:n]
 
     def demonstrate(self, problem: Problem, rng: random.Random) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from feedbackrl.data.rows import DatasetError, read_jsonl
-from feedbackrl.feedback.store import FeedbackError, Item, Project
+from feedbackrl.feedback.store import FeedbackError, Item, Project, check_text
 
 TEXT_MAX = 100_000
 SHOWN = 5
@@ -52,6 +52,13 @@ def parse_item_row(row: Any, index: int, kind: str) -> dict[str, Any]:
     if max(len(prompt), *map(len, responses)) > TEXT_MAX:
         raise FeedbackError(_bad(index, f"a prompt or response is longer than {TEXT_MAX} characters"))
     meta = {k: v for k, v in row.items() if k not in ("prompt", "responses", "response")}
+    try:
+        check_text(prompt, "'prompt'")
+        for i, response in enumerate(responses):
+            check_text(response, f"response {i}")
+        check_text(meta, "metadata")
+    except FeedbackError as e:
+        raise FeedbackError(_bad(index, str(e))) from None
     return {"prompt": prompt, "responses": list(responses), "meta": meta}
 
 
