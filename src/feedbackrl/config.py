@@ -93,7 +93,7 @@ class RLOOConfig(GRPOConfig):
     """RLOO: the GRPO loop with leave-one-out advantages (Ahmadian et al. 2024)."""
 
     name: Literal["rloo"] = Field("rloo", description="algorithm")
-    scale_advantages: bool = Field(False, description="also divide by the group std (TRL's normalize_advantages)")
+    scale_advantages: bool = Field(False, description="also divide the leave-one-out advantages by the group's std")
 
 
 class PPOConfig(Section):
