@@ -70,12 +70,18 @@ def test_a_call_that_sleeps_times_out_as_an_observation() -> None:
     assert _sandbox_processes() == 0
 
 
+# a host file is either absent from the sandbox's root (built from an allowlist) or read-only in it
+HIDDEN_OR_READ_ONLY = ("error: FileNotFoundError: [Errno 2]", "error: PermissionError: [Errno 13]",
+                       "error: OSError: [Errno 30] Read-only file system")
+
+
 @pytest.mark.parametrize("code, expected", [
-    ("import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', 22))", "error: OSError"),
-    ("open('/etc/passwd', 'a').write('x')", "error: PermissionError: [Errno 13] Permission denied"),
-    (f"open({__file__!r}, 'a').write('x')", "error: PermissionError: [Errno 13] Permission denied"),
-    ("import os\nprint(sorted(os.environ))", "[]\n"),
-    ("import os\nos.kill(1, 9)\nprint('alive')", "error: PermissionError: [Errno 1] Operation not permitted"),
+    ("import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', 22))", ("error: OSError",)),
+    ("open('/etc/passwd', 'a').write('x')", HIDDEN_OR_READ_ONLY),
+    (f"open({__file__!r}, 'a').write('x')", HIDDEN_OR_READ_ONLY),
+    ("import os\nprint(sorted(os.environ))", ("[]\n",)),
+    ("import os\nos.kill(1, 9)\nprint('alive')", ("error: PermissionError: [Errno 1] Operation not permitted",)),
 ], ids=["network", "host-file", "own-source", "environment", "kill-init"])
-def test_escapes_are_contained(code: str, expected: str) -> None:
-    assert _tool()(code).startswith(expected)
+def test_escapes_are_contained(code: str, expected: tuple[str, ...]) -> None:
+    out = _tool()(code)
+    assert out.startswith(expected), out

@@ -224,6 +224,9 @@ def test_runs_unprivileged_in_a_root_built_from_an_allowlist(verifier: CodeVerif
 def test_host_files_and_paths_are_out_of_sight(verifier: CodeVerifier) -> None:
     # World-readable files a program could otherwise read: a planted answer file, the project's
     # own files, the install path through the judge's command line.
+    # The interpreter's own site-packages is covered by an empty folder; a venv's is not there at all.
+    site_packages = sorted({str(Path(p).resolve()) for p in sys.path if p.endswith("-packages") and os.path.isdir(p)}
+                           | {str(Path(os.__file__).resolve().parent / "site-packages")})
     planted = [Path(f"/var/tmp/pwned_answer_{uuid.uuid4().hex}"), REPO / f"pwned_answer_{uuid.uuid4().hex}",
                Path(f"/tmp/pwned_answer_{uuid.uuid4().hex}")]
     for path in planted:
@@ -237,9 +240,13 @@ def test_host_files_and_paths_are_out_of_sight(verifier: CodeVerifier) -> None:
             except OSError as e:
                 print('hidden' if e.errno == 2 else e.errno)
         print({str(REPO)!r}.encode() in open('/proc/1/cmdline', 'rb').read() + open('/proc/self/cmdline', 'rb').read())
+        for path in {site_packages!r}:  # where a project (and its data) may be installed
+            print(os.listdir(path) if os.path.isdir(path) else 'hidden')
         """)
+    shown = ["[]" if Path(p).resolve().parent == Path(os.__file__).resolve().parent else "hidden"
+             for p in site_packages]
     try:
-        verdict = run_io(verifier, program, expected="hidden\n" * 5 + "False\n")
+        verdict = run_io(verifier, program, expected="hidden\n" * 5 + "False\n" + "".join(x + "\n" for x in shown))
     finally:
         for path in planted:
             path.unlink()

@@ -41,7 +41,8 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
              seed: int = 1234, n_samples: int = 5, truncated_fails: bool = False,
              warn_truncated: float = 0.1) -> EvalResult:
     """Greedy accuracy and pass@k (k = 0: greedy only, pass@k is NaN). Sampling uses its own generator,
-    so evaluating mid-run never perturbs the training RNG streams (resumed runs stay exact).
+    so evaluating mid-run never perturbs the training RNG streams (resumed runs stay exact). Episodic
+    tasks play whole episodes.
 
     Reports the fraction of greedy answers cut off by `max_new_tokens` and warns above `warn_truncated`
     (an answer cut off is usually graded on text that never reached its end); `truncated_fails` fails them.
