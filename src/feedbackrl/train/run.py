@@ -185,7 +185,9 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
         report["eval_before"], report["eval_after"] = before, None
         if entry.trains_policy:
             after = run_eval(model, tokenizer, task, cfg).to_dict()
-            last = max((r["step"] for r in read_jsonl(out_dir / "metrics.jsonl")), default=0)
+            # at the algorithm's last step, not a longer SFT warm start's
+            last = max((r["step"] for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("phase") != "sft"),
+                       default=0)
             sink.log(last, _eval_metrics(after, cfg.eval.pass_k))
             report["eval_after"] = after
         if baseline is not None:
