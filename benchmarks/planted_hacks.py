@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from feedbackrl.config import RunConfig, build_config
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.planted import HACKS, PlantedReverse
-from feedbackrl.log import JsonlSink, read_jsonl
+from feedbackrl.log import JsonlSink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.monitors.monitor import Monitor

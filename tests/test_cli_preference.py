@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from feedbackrl.cli import app
-from feedbackrl.log import read_jsonl
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.models.reward import load_reward_model
 
 RECIPES = Path(__file__).parent.parent / "recipes"
@@ -52,7 +52,13 @@ def test_cost_model_recipe_trains_on_safety_labels(tmp_path: Path):
     assert rows and report["kind"] == "cost"
     for r in rows:  # chosen = the costlier response; cost = number of "a"s; unsafe = cost > 0
         assert r["gold_chosen"] == r["chosen"].strip().count("a") and r["chosen_unsafe"] == (r["gold_chosen"] > 0)
-        assert r["p_chosen"] >= 0.5 or r["gold_chosen"] < r["gold_rejected"]
+        # p_chosen = P(the labeller picks chosen as costlier) = sigmoid((cost_c - cost_r) / 0.05): a coin flip on
+        # equal costs; one "a" apart it is sigmoid(20) > 0.99, and the costlier one is chosen
+        if r["gold_chosen"] == r["gold_rejected"]:
+            assert r["p_chosen"] == 0.5, r
+        else:
+            assert r["p_chosen"] > 0.99 and r["gold_chosen"] > r["gold_rejected"], r
+    assert any(r["gold_chosen"] != r["gold_rejected"] for r in rows), "every pair tied: nothing was checked"
     assert 0 <= report["reward_model"]["rm/heldout_safety_accuracy"] <= 1
     model, _ = load_reward_model(tmp_path / "cost" / "reward_model")
     assert model.kind == "cost" and model.calibration.center == 0.0
@@ -98,3 +104,18 @@ def test_resume_is_refused_for_preference_algorithms(tmp_path: Path):
                                  str(tmp_path), "--set", "train.threads=1"])
     assert result.exit_code == 2
     assert "--resume: algo.name = 'dpo' cannot continue from a checkpoint (these can: grpo, rloo, ppo)" in result.output
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "data file '{path}' does not exist"),
+    ("prompt,chosen,rejected\n2+2?,4,5,6\n", "{path}: row 0 has 4 fields but the header has 3"),
+], ids=["missing-file", "ragged-csv"])
+def test_bad_preference_file_is_a_clear_error_not_a_traceback(tmp_path: Path, content: str | None, message: str):
+    path = tmp_path / "x.csv"
+    if content is not None:
+        path.write_text(content)
+    result = runner.invoke(app, ["train", str(RECIPES / "dpo.toml"), "--out", str(tmp_path / "o"),
+                                 "--set", "model.path=tiny", "--set", f"prefs.path={path}", "--set", "train.threads=1"])
+    assert result.exit_code == 2, result.output
+    assert f"error: {message.format(path=path)}" in result.output
+    assert isinstance(result.exception, SystemExit)  # typer.Exit: no exception escaped

@@ -1,4 +1,4 @@
-"""The `feedbackrl` command: demo, train, eval, verify, config."""
+"""The `feedbackrl` command: demo, train, eval, verify, config, tasks."""
 
 from __future__ import annotations
 
@@ -30,11 +30,16 @@ def _fail(msg: str) -> None:
 def _user_errors() -> tuple[type[Exception], ...]:
     from feedbackrl.config import ConfigError
     from feedbackrl.envs.dataset import DatasetError
+    from feedbackrl.models.chat import ChatTemplateError
+    from feedbackrl.models.gguf import GGUFError
     from feedbackrl.models.load import ModelLoadError
+    from feedbackrl.models.lora import LoRAError
+    from feedbackrl.models.policy import PrecisionError
     from feedbackrl.train.checkpoint import CheckpointError
     from feedbackrl.train.sft import SFTUnavailable
 
-    return ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable
+    return (ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable, GGUFError, LoRAError,
+            ChatTemplateError, PrecisionError)
 
 
 def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
@@ -102,6 +107,42 @@ def config(recipe: Annotated[Path | None, typer.Argument(help="recipe TOML (defa
         typer.echo(load_config(recipe, set_ or []).model_dump_json(indent=2))
     except _user_errors() as e:
         _fail(str(e))
+
+
+def _options(fn: object) -> str:
+    """A factory's options as 'name=default' (keyword-only ones for reward sources, all for tasks)."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(fn):
+        fields = [f for f in dataclasses.fields(fn) if f.init and f.name != "name"]
+        return ", ".join(f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}" for f in fields)
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("ctx", "name")]
+    return ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
+
+
+@app.command()
+def tasks() -> None:
+    """List the tasks, reward sources and algorithms a recipe can name, with their options."""
+    import inspect
+
+    from feedbackrl.config import ALGO_CONFIGS
+    from feedbackrl.envs.registry import TASKS
+    from feedbackrl.rewards.registry import REWARDS
+
+    typer.echo("tasks ([task] name = ..., options in [task.options]):")
+    for name, factory in TASKS.items():
+        doc = (inspect.getdoc(factory) or "").split("\n")[0]
+        typer.echo(f"  {name}: {doc}\n      options: {_options(factory) or 'none'}")
+    typer.echo("\nreward sources ([reward] source = ..., with its options):")
+    for name, src in REWARDS.items():
+        typer.echo(f"  {name}: {src.summary}\n      options: {_options(src.build) or 'none'}")
+    typer.echo("\nalgorithms ([algo] name = ...):")
+    for cfg in ALGO_CONFIGS:
+        fields = {k: f for k, f in cfg.model_fields.items() if k != "name"}
+        typer.echo(f"  {cfg.model_fields['name'].default}: " + "; ".join(
+            f"{k}={f.default!r} ({f.description})" for k, f in fields.items()))
 
 
 @app.command()

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from feedbackrl.cli import app
 from feedbackrl.config import ConfigError, MonitorsConfig
-from feedbackrl.log import JsonlSink, read_jsonl
+from feedbackrl.data.rows import read_jsonl
+from feedbackrl.log import JsonlSink
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.monitors.plot import mark_alerts
 from feedbackrl.monitors.registry import build_detectors

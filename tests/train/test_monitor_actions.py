@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from feedbackrl.config import RunConfig, build_config
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.procedural.reverse import ReverseTask
-from feedbackrl.log import MemorySink, read_jsonl
+from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.train.checkpoint import latest_checkpoint

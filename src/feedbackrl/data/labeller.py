@@ -34,12 +34,10 @@ unsafe (cost > 0), without noise.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -235,10 +233,3 @@ def label_ceiling(rows: list[dict[str, Any]]) -> dict[str, float]:
     agree = [1.0 if r["gold_chosen"] > r["gold_rejected"] else 0.5 if r["gold_chosen"] == r["gold_rejected"] else 0.0
              for r in rows]
     return {"expected": expected, "realised": sum(agree) / len(rows), "pairs": float(len(rows))}
-
-
-def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path

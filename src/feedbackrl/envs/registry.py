@@ -6,6 +6,8 @@
 - reasoning_gym: `reasoning_gym.ReasoningGymTask` (any reasoning-gym generator, `dataset` + `config`)
 - planted_reverse: `planted.PlantedReverse` (a proxy reward with a known loophole, and a hidden gold check)
 - adaptive_addition, adaptive_reverse, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
+- calculator_addition: `calculator.CalculatorAdditionTask` (episodes with a calculator tool)
+- guess_number: `guess.GuessNumberTask` (episodes: find a hidden number from higher/lower feedback)
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 from feedbackrl.config import ConfigError, TaskConfig
 from feedbackrl.envs.adaptive import adaptive_addition, adaptive_reasoning_gym, adaptive_reverse
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.calculator import CalculatorAdditionTask
 from feedbackrl.envs.dataset import DatasetError, DatasetTask
+from feedbackrl.envs.guess import GuessNumberTask
 from feedbackrl.envs.planted import PlantedReverse
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
@@ -33,6 +37,8 @@ TASKS: dict[str, Callable[..., Task]] = {
     "adaptive_reasoning_gym": adaptive_reasoning_gym,
     "adaptive_reverse": adaptive_reverse,
     "planted_reverse": PlantedReverse,
+    "calculator_addition": CalculatorAdditionTask,
+    "guess_number": GuessNumberTask,
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from feedbackrl.config import MonitorsConfig
-from feedbackrl.log import read_jsonl
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.monitors.base import Alert
 from feedbackrl.monitors.monitor import SAMPLES_FILE, Monitor
 from feedbackrl.monitors.record import StepRecord

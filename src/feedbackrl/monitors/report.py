@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from feedbackrl.log import read_jsonl
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.monitors.monitor import ALERTS_FILE
 
 

@@ -101,12 +101,12 @@ def _math(ctx: Context, *, order: list[str] | None = None, timeout_s: float = 3.
 
 
 def _code(ctx: Context, *, timeout_s: float = 2.0, memory_mb: int = 512, max_output_bytes: int = 1_000_000,
-          allow_unsafe: bool = False, workers: int = 4) -> BatchReward:
+          allow_unsafe: bool = False, workers: int = 4, sandbox_checks: bool = True) -> BatchReward:
     from feedbackrl.rewards.code import CodeVerifier
 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    verifier = CodeVerifier(timeout_s, memory_mb, max_output_bytes, allow_unsafe)
+    verifier = CodeVerifier(timeout_s, memory_mb, max_output_bytes, allow_unsafe, sandbox_checks)
     return lambda problems, completions: verifier.batch(problems, completions, workers)
 
 

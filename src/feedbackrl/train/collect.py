@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,7 +26,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import RolloutConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.envs.multi_turn import EpisodicTask
+from feedbackrl.rewards.verdict import Problem, Verdict, fail
 from feedbackrl.rollout.generate import generate
 
 # (problems, completions) -> (one verdict per completion, extra metrics for the step's log line)
@@ -51,6 +53,9 @@ class Batch:
     rewards: Tensor  # (N,) the verdicts' scores
     truncated: Tensor  # (N,) bool: cut off by the token limit
     metrics: dict[str, float] = field(default_factory=dict)
+    # multi-turn episodes only (train/episodes.py): per-token credit from per-turn rewards, and the transcripts
+    turn_advantages: Tensor | None = None  # (N, T) added to the trajectory advantages; None = outcome only
+    episodes: list[Any] | None = None  # (N,) EpisodeRecord, written to OUT/episodes.jsonl
 
     @property
     def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -58,9 +63,19 @@ class Batch:
         return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
 
 
+def fail_truncated(verdicts: Sequence[Verdict], truncated: Sequence[bool]) -> list[Verdict]:
+    """Verdicts with every cut-off completion failed (score 0), its original verdict kept as evidence."""
+    return [fail("cut off by max_new_tokens before an end token", original=v.reason) if cut else v
+            for v, cut in zip(verdicts, truncated, strict=True)]
+
+
 def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
             cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
     """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
+    if isinstance(task, EpisodicTask):  # multi-turn: the environment's verdict replaces the scorer
+        from feedbackrl.train.episodes import collect_episodes  # it builds a Batch: imported here, not at the top
+
+        return collect_episodes(model, tokenizer, task, cfg, prompt_rng, sample_rng)
     B, G = cfg.prompts_per_step, cfg.group_size
     t0 = time.perf_counter()
     problems = [task.sample(prompt_rng) for _ in range(B)]
@@ -71,6 +86,8 @@ def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Ta
     verdicts, extra = scorer(owners, ro.texts)
     if len(verdicts) != len(owners):
         raise ValueError(f"the reward returned {len(verdicts)} verdicts for {len(owners)} completions")
+    if cfg.truncated_fails:
+        verdicts = fail_truncated(verdicts, ro.truncated.tolist())
     t_score = time.perf_counter()
     task.observe(owners, verdicts)
     rewards = torch.tensor([float(v.score) for v in verdicts], device=ro.completion_ids.device)

@@ -6,6 +6,7 @@ All maths lives in `feedbackrl.algos`; this file only wires it. Setup helpers si
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -24,10 +25,13 @@ from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import sequence_logprobs
+from feedbackrl.models.lora import adapters_disabled, is_lora
+from feedbackrl.models.policy import train_autocast
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
 from feedbackrl.train.context import Run
+from feedbackrl.train.episodes import write_transcripts
 from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
@@ -36,7 +40,9 @@ ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"grpo": group_advantages, 
 
 
 def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimizer:
-    return adamw(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
+    # the trainable parameters only: with LoRA the frozen base has no optimizer state to keep
+    params = [p for p in model.parameters() if p.requires_grad]
+    return adamw(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
 
 
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
@@ -61,15 +67,17 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     monitor = live_monitor(cfg, out_dir, monitor, task)
     kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
     wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref else None
+    # LoRA: the reference is the base model with the adapters disabled, no second copy
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref and not is_lora(model) else None
+    precision = functools.partial(train_autocast, cfg.train.precision, model.device)
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
     micro = cfg.train.micro_batch_size  # 0: each minibatch in one forward/backward
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
-                        cfg.model_dump_json(indent=2), task.state_dict())
+        save_checkpoint(out_dir, model, tokenizer, optimizer if cfg.train.save_optimizer else None, step, prompt_rng,
+                        sample_rng, cfg.model_dump_json(indent=2), task.state_dict())
 
     end = a.steps
     if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
@@ -82,12 +90,19 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
             # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            if batch.turn_advantages is not None:  # episodes with per-turn credit: (N,) -> (N, T)
+                advantages = advantages[:, None] + batch.turn_advantages
+            if batch.episodes is not None:
+                write_transcripts(out_dir / "episodes.jsonl", step + 1, batch.episodes)
             tensors, mask = batch.tensors, batch.completion_mask.float()
-            with torch.no_grad():
+            with torch.no_grad(), precision():
                 # old log-probs only matter when the policy moves within a batch; with one update the
                 # ratio is exactly 1 and the detached current log-probs serve
                 old_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0] if n_updates > 1 else None
                 ref_lp = sequence_logprobs(ref, *tensors, ro_cfg.temperature)[0] if ref is not None else None
+                if wants_ref and ref is None:
+                    with adapters_disabled(model):
+                        ref_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0]
             # 4. optimise: epochs x minibatches
             stats: dict[str, list[float]] = {k: [] for k in ("loss/policy", "loss/kl", "kl/mean", "entropy/mean",
                                                               "clip_frac", "grad_norm")}
@@ -102,7 +117,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                     parts: dict[str, list[torch.Tensor]] = {"pg": [], "kl": [], "entropy": [], "clipped": []}
                     for sub in idx.split(micro or len(idx)):
                         mb = [t[sub] for t in tensors]
-                        logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
+                        with precision():
+                            logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
                         old = old_lp[sub] if old_lp is not None else logprobs.detach()
                         pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
                                                        a.clip_high)
