@@ -119,3 +119,43 @@ def test_bad_preference_file_is_a_clear_error_not_a_traceback(tmp_path: Path, co
     assert result.exit_code == 2, result.output
     assert f"error: {message.format(path=path)}" in result.output
     assert isinstance(result.exception, SystemExit)  # typer.Exit: no exception escaped
+
+
+# Learning: a reward-model run big enough that its preferences teach something (300 SFT steps, 4,000 labelled
+# prompts), then DPO on its pairs and RLOO against its reward model, each judged by the hidden gold score
+# against the SFT policy on 64 held-out words x 4 samples. Gold win rates at train.seed 0 / 1 / 2 (2026-12-01):
+# DPO 0.570 / 0.666 / 0.617, RLOO (30 steps) 0.537 / 0.619 / 0.574, PPO (30 steps) 0.465 / 0.613 / 0.592:
+# PPO does not beat SFT on every seed at this size, so it has no learning assertion yet.
+LEARN = ["task.heldout_size=64", "train.threads=1"]
+DPO_MIN_WIN_RATE = 0.54  # lowest seed 0.570, less ~one standard error of 256 comparisons
+RLOO_MIN_WIN_RATE = 0.52  # lowest seed 0.537
+
+
+@pytest.fixture(scope="module")
+def learned_rm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("learn") / "rm"
+    train("reward_model.toml", out, [*LEARN, "sft.steps=300", "prefs.prompts=4000", "prefs.heldout_prompts=64",
+                                     "algo.epochs=1", "algo.batch_size=64"])
+    return out
+
+
+@pytest.mark.slow
+def test_dpo_beats_the_sft_policy_on_the_gold_score(learned_rm_run: Path, tmp_path: Path):
+    report = train("dpo.toml", tmp_path / "dpo", [*LEARN, "algo.batch_size=64",
+                                                  f"model.path={learned_rm_run / 'sft_policy'}",
+                                                  f"prefs.path={learned_rm_run / 'prefs' / 'train.jsonl'}"])
+    g = report["gold_vs_sft"]
+    assert g["win_rate"] >= DPO_MIN_WIN_RATE, (f"DPO gold win rate vs SFT {g['win_rate']:.3f} < {DPO_MIN_WIN_RATE}; "
+                                               f"gold mean {g['baseline_gold_mean']:.3f} -> {g['gold_mean']:.3f}")
+
+
+@pytest.mark.slow
+def test_rloo_beats_the_sft_policy_on_the_gold_score(learned_rm_run: Path, tmp_path: Path):
+    report = train("rloo.toml", tmp_path / "rloo", [*LEARN, "algo.steps=30", "rollout.prompts_per_step=16",
+                                                    "rollout.group_size=8",
+                                                    f"model.path={learned_rm_run / 'sft_policy'}",
+                                                    f"reward.model={learned_rm_run / 'reward_model'}"])
+    g = report["gold_vs_sft"]
+    assert g["win_rate"] >= RLOO_MIN_WIN_RATE, (f"RLOO gold win rate vs SFT {g['win_rate']:.3f} < "
+                                                f"{RLOO_MIN_WIN_RATE}; gold mean {g['baseline_gold_mean']:.3f} -> "
+                                                f"{g['gold_mean']:.3f}")

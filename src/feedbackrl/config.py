@@ -93,7 +93,7 @@ class RLOOConfig(GRPOConfig):
     """RLOO: the GRPO loop with leave-one-out advantages (Ahmadian et al. 2024)."""
 
     name: Literal["rloo"] = Field("rloo", description="algorithm")
-    scale_advantages: bool = Field(False, description="also divide by the group std (TRL's normalize_advantages)")
+    scale_advantages: bool = Field(False, description="also divide the leave-one-out advantages by the group's std")
 
 
 class PPOConfig(Section):
@@ -268,6 +268,28 @@ class MonitorsConfig(Section):
     max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run; past it a rollback stops the run")
 
 
+class ScaleConfig(Section):
+    """Beyond one process: Ray rollout and reward workers, asynchronous RL. The defaults are one process."""
+
+    ray_address: str = Field("", description='Ray cluster to join ("auto": the running one); "" starts a local one')
+    rollout_workers: int = Field(0, ge=0, le=1024, description="Ray actors that generate rollouts; 0 = the learner")
+    reward_workers: int = Field(0, ge=0, le=1024, description="Ray actors that verify completions; 0 = the learner")
+    max_staleness: int = Field(0, ge=0, le=1, description=(
+        "0: synchronous; 1: the next batch is sampled while the learner trains (one policy version old)"))
+    importance_cap: float = Field(2.0, gt=0, description="truncation of the stale samples' importance weights")
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.rollout_workers > 0 or self.reward_workers > 0
+
+    @model_validator(mode="after")
+    def _async_needs_workers(self) -> ScaleConfig:
+        if self.max_staleness > 0 and self.rollout_workers == 0:
+            raise ValueError(f"scale.max_staleness={self.max_staleness} needs scale.rollout_workers >= 1 "
+                             "(asynchronous sampling happens on the workers)")
+        return self
+
+
 class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -281,6 +303,7 @@ class RunConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
 
     @model_validator(mode="before")
     @classmethod
