@@ -39,6 +39,7 @@ from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.tiny import make_tiny
+from feedbackrl.monitors.report import alerts_section
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
 from feedbackrl.train.context import Algorithm, Run
 from feedbackrl.train.evaluate import EvalResult, evaluate
@@ -194,6 +195,7 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
             report["gold_vs_sft"] = gold_comparison(model, baseline, tokenizer, task.heldout(cfg.task.heldout_size),
                                                     gold_score_for(task), cfg.rollout.max_new_tokens,
                                                     cfg.rollout.temperature)
+        report["alerts"] = alerts_section(out_dir)  # the monitors' alerts (none when they are off)
     finally:
         sink.close()
     report.update(wall_seconds=time.perf_counter() - t_start, resumed_from=str(ckpt) if ckpt else None)
