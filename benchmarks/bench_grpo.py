@@ -12,7 +12,7 @@ progress bars, the next batch's sampling) counts once and the pause itself never
 Settings (the baseline's bench_trl.py `worker_grpo`): 8 prompts x 8 samples = 64 completions per
 step, EOS suppressed (`min_new_tokens` = L) so every step generates and trains on exactly 64 x L
 tokens, lr 1e-4, KL coefficient 0 (no reference model), one optimisation pass per batch, clip 0.2,
-grad-norm clip 1.0, token-mean (DAPO) loss, group-std-scaled advantages, fp32, no gradient
+grad-norm clip 1.0, token-mean (DAPO) loss, group-std-scaled advantages, fp32 (or `--precision bf16`), no gradient
 checkpointing. The first `--warmup` steps are timed but excluded from the medians.
 """
 
@@ -62,7 +62,8 @@ def run_feedbackrl(args: argparse.Namespace) -> dict[str, Any]:
         "algo": {"name": "grpo", "steps": args.steps, "lr": LR, "kl_coef": 0.0, "epochs": 1, "minibatches": 1,
                  "clip_low": 0.2, "clip_high": 0.2, "max_grad_norm": 1.0, "weight_decay": 0.0,
                  "aggregation": "token_mean", "scale_advantages": True},
-        "train": {"seed": 0, "checkpoint_every": 0, "micro_batch_size": args.micro_batch_size},
+        "train": {"seed": 0, "checkpoint_every": 0, "micro_batch_size": args.micro_batch_size,
+                  "precision": args.precision},
     })
     model, tokenizer = load_policy(args.model), load_tokenizer(args.model)
     lock = LockStep()
@@ -115,7 +116,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         cfg = GRPOConfig(
             output_dir=out, per_device_train_batch_size=PROMPTS_PER_STEP * GROUP, num_generations=GROUP,
-            max_completion_length=args.length, learning_rate=LR, bf16=False, use_cpu=True,
+            max_completion_length=args.length, learning_rate=LR, bf16=args.precision == "bf16", use_cpu=True,
             gradient_checkpointing=False, beta=0.0, report_to="none", logging_steps=1, max_steps=args.steps,
             save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
             generation_kwargs={"min_new_tokens": args.length},
@@ -136,6 +137,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--micro-batch-size", type=int, default=0,
                     help="feedbackrl: train.micro_batch_size (0 = all 64 completions in one forward/backward)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: feedbackrl's train.precision (autocast, fp32 master weights); TRL's bf16=True")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     setup_threads(args.threads)

@@ -66,11 +66,12 @@ def run_worker(args: list[str], threads: int, logfile: IO[str]) -> dict[str, Any
 class LockStepWorker:
     """A bench_grpo.py process driven one step at a time through its stdin/stdout."""
 
-    def __init__(self, framework: str, model: Path, length: int, steps: int, threads: int, logfile: IO[str]):
-        self.name = framework
+    def __init__(self, framework: str, model: Path, length: int, steps: int, threads: int, logfile: IO[str],
+                 precision: str = "fp32"):
+        self.name = framework if precision == "fp32" else f"{framework}_{precision}"
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "bench_grpo.py"), framework, "--model", str(model), "--length", str(length),
-             "--steps", str(steps), "--threads", str(threads)],
+             "--steps", str(steps), "--threads", str(threads), "--precision", precision],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logfile, text=True, env=worker_env(threads))
         self.logfile = logfile
 

@@ -93,3 +93,59 @@ def reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     with torch.no_grad():  # the per-token head starts at 0 (every response scores the same): give it weights
         rm.head.weight.normal_(0, 0.02)
     return save_reward_model(rm, load_tokenizer(str(tiny_model_dir)), tmp_path_factory.mktemp("rm") / "rm")
+
+
+# --- a small model with SmolLM2-135M-Instruct's architecture features ----------------------------------------------
+
+SMOL_TEMPLATE = (  # SmolLM2-135M-Instruct's chat template, verbatim
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+SMOL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in SmolLM2
+
+
+def build_smol_tokenizer():
+    """A byte-level BPE tokenizer trained here on a few sentences, with SmolLM2's special tokens and template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["What is 12 + 7? The answer is 19.", "system user assistant", "Compute 83 - 35. So, 83 - 35 = 48.",
+              "You are a helpful AI assistant named SmolLM, trained by Hugging Face"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SMOL_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    fast.chat_template = SMOL_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    return build_smol_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smol_lm(smol_tokenizer):
+    """A Llama like SmolLM2-135M (GQA 4:2 heads, tied embeddings, rope_theta 1e5, two end tokens) with
+    weights drawn at std 0.3 so greedy outputs depend on the prompt. Read-only."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, rms_norm_eps=1e-5,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3, generator=gen)
+    model.generation_config.eos_token_id = [0, 2]
+    return model.eval()

@@ -1,4 +1,4 @@
-"""The `feedbackrl` command: demo, train, eval, verify, config."""
+"""The `feedbackrl` command: demo, train, eval, verify, config, tasks."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from feedbackrl.cli_judge import judge_app
 from feedbackrl.cli_label import label_app
 from feedbackrl.cli_verify import verify_app
 
@@ -16,6 +17,7 @@ app = typer.Typer(help="RL post-training from verifiable rewards and human feedb
                   pretty_exceptions_enable=False)
 app.add_typer(verify_app, name="verify")
 app.add_typer(label_app, name="label")
+app.add_typer(judge_app, name="judge")
 
 DEMO_RECIPE = "reverse_grpo.toml"
 
@@ -28,11 +30,16 @@ def _fail(msg: str) -> None:
 def _user_errors() -> tuple[type[Exception], ...]:
     from feedbackrl.config import ConfigError
     from feedbackrl.envs.dataset import DatasetError
+    from feedbackrl.models.chat import ChatTemplateError
+    from feedbackrl.models.gguf import GGUFError
     from feedbackrl.models.load import ModelLoadError
+    from feedbackrl.models.lora import LoRAError
+    from feedbackrl.models.policy import PrecisionError
     from feedbackrl.train.checkpoint import CheckpointError
     from feedbackrl.train.sft import SFTUnavailable
 
-    return ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable
+    return (ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable, GGUFError, LoRAError,
+            ChatTemplateError, PrecisionError)
 
 
 def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
@@ -100,3 +107,61 @@ def config(recipe: Annotated[Path | None, typer.Argument(help="recipe TOML (defa
         typer.echo(load_config(recipe, set_ or []).model_dump_json(indent=2))
     except _user_errors() as e:
         _fail(str(e))
+
+
+def _options(fn: object) -> str:
+    """A factory's options as 'name=default' (keyword-only ones for reward sources, all for tasks)."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(fn):
+        fields = [f for f in dataclasses.fields(fn) if f.init and f.name != "name"]
+        return ", ".join(f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}" for f in fields)
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("ctx", "name")]
+    return ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
+
+
+@app.command()
+def tasks() -> None:
+    """List the tasks, reward sources and algorithms a recipe can name, with their options."""
+    import inspect
+
+    from feedbackrl.config import ALGO_CONFIGS
+    from feedbackrl.envs.registry import TASKS
+    from feedbackrl.rewards.registry import REWARDS
+
+    typer.echo("tasks ([task] name = ..., options in [task.options]):")
+    for name, factory in TASKS.items():
+        doc = (inspect.getdoc(factory) or "").split("\n")[0]
+        typer.echo(f"  {name}: {doc}\n      options: {_options(factory) or 'none'}")
+    typer.echo("\nreward sources ([reward] source = ..., with its options):")
+    for name, src in REWARDS.items():
+        typer.echo(f"  {name}: {src.summary}\n      options: {_options(src.build) or 'none'}")
+    typer.echo("\nalgorithms ([algo] name = ...):")
+    for cfg in ALGO_CONFIGS:
+        fields = {k: f for k, f in cfg.model_fields.items() if k != "name"}
+        typer.echo(f"  {cfg.model_fields['name'].default}: " + "; ".join(
+            f"{k}={f.default!r} ({f.description})" for k, f in fields.items()))
+
+
+@app.command()
+def monitor(run_dir: Annotated[Path, typer.Argument(help="a finished (or running) run's output directory")],
+            as_json: Annotated[bool, typer.Option("--json", help="one alert per line as JSON")] = False) -> None:
+    """Replay a run's metrics.jsonl and samples.jsonl through the reward-hacking and health detectors."""
+    from feedbackrl.monitors.replay import replay
+
+    try:
+        alerts = replay(run_dir)
+    except (FileNotFoundError, *_user_errors()) as e:
+        _fail(str(e))
+    for a in alerts:
+        if as_json:
+            typer.echo(json.dumps(a.to_dict()))
+            continue
+        typer.echo(f"step {a.step:>5}  {a.detector:<22} {a.kind:<8} {a.statistic:.3f} (threshold {a.threshold:g})  "
+                   f"{a.message}")
+        for ex in a.examples:
+            typer.echo(f"{'':>13}e.g. {ex[:100]!r}")
+    if not as_json:
+        typer.echo(f"{len(alerts)} alert(s) in {run_dir}")

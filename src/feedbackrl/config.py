@@ -26,6 +26,22 @@ class ModelConfig(Section):
     path: str = Field("tiny", description='HF model dir or hub id; "tiny" builds a tiny local model')
     size: Literal["tiny", "small"] = Field("tiny", description="size of the locally built model (path=tiny)")
     init_seed: int = Field(0, description="seed of the random init of a locally built model")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="render prompts with the tokenizer's chat template: auto = when it has one")
+    system_prompt: str = Field("", description='system turn of chat-rendered prompts; "" = the template\'s default')
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRAConfig(Section):
+    """LoRA adapters (peft, the `lora` extra) instead of training every weight; rank 0 = off."""
+
+    rank: int = Field(0, ge=0, le=1024, description="adapter rank r; 0 = full fine-tuning (no adapters)")
+    alpha: float = Field(32.0, gt=0, description="adapter scale numerator: the update is (alpha / rank) * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS),
+                                      description="names of the linear layers that get adapters")
 
 
 class TaskConfig(Section):
@@ -48,6 +64,7 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0, le=10, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     min_new_tokens: int = Field(0, ge=0, description="EOS suppressed for this many tokens (as HF generate)")
+    truncated_fails: bool = Field(False, description="score completions cut off by max_new_tokens as failed (0)")
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RolloutConfig:
@@ -76,7 +93,7 @@ class RLOOConfig(GRPOConfig):
     """RLOO: the GRPO loop with leave-one-out advantages (Ahmadian et al. 2024)."""
 
     name: Literal["rloo"] = Field("rloo", description="algorithm")
-    scale_advantages: bool = Field(False, description="also divide by the group std (TRL's normalize_advantages)")
+    scale_advantages: bool = Field(False, description="also divide the leave-one-out advantages by the group's std")
 
 
 class PPOConfig(Section):
@@ -99,11 +116,19 @@ class DPOConfig(Section):
     name: Literal["dpo"] = Field("dpo", description="algorithm")
     loss: Literal["dpo", "ipo", "pro"] = Field("dpo", description="pairwise dpo/ipo, or listwise pro (rankings)")
     beta: float = Field(0.1, gt=0, description="DPO's beta (IPO's tau; PRO's score scale)")
+    length_average: bool = Field(False, description=(
+        "ipo only: per-token mean response log-probs instead of sums (TRL's IPO, so a TRL beta carries over)"))
     epochs: int = Field(2, ge=1, le=100, description="passes over the preference data")
     batch_size: int = Field(64, ge=1, description="pairs (or rankings) per optimizer step")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step (must divide batch_size)")
     lr: float = Field(1e-4, gt=0, le=1, description="AdamW learning rate")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+    @model_validator(mode="after")
+    def _average_is_ipo(self) -> DPOConfig:
+        if self.length_average and self.loss != "ipo":
+            raise ValueError(f"length_average is TRL's form of loss = 'ipo'; got loss = {self.loss!r}")
+        return self
 
 
 class RewardModelConfig(Section):
@@ -195,8 +220,10 @@ class OnlineConfig(Section):
 
 class EvalConfig(Section):
     every: int = Field(0, ge=0, description="evaluate every N training steps; 0 = only before/after")
-    pass_k: int = Field(4, ge=1, le=256, description="k for pass@k (sampled at the rollout temperature)")
+    pass_k: int = Field(4, ge=0, le=256, description=(
+        "k for pass@k (sampled at the rollout temperature); 0 = greedy accuracy only"))
     batch_size: int = Field(256, ge=1, description="prompts per generation batch in eval")
+    warn_truncated: float = Field(0.1, ge=0, le=1, description="warn when more greedy answers than this are cut off")
 
 
 class TrainConfig(Section):
@@ -207,10 +234,38 @@ class TrainConfig(Section):
     device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$", description=(
         "where the policy trains and generates: 'cpu', 'cuda', 'cuda:N', or 'auto' (a GPU when torch sees one); "
         "grpo and rloo so far; the other algorithms run on the CPU"))
+    precision: Literal["fp32", "bf16"] = Field("fp32", description=(
+        "training forward/backward precision: bf16 = autocast with float32 master weights and optimizer "
+        "(needs a CPU or GPU with bf16 support); generation stays float32"))
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward (less memory)")
+    save_optimizer: bool = Field(True, description=(
+        "keep the optimizer state in checkpoints (exact resume); false = smaller checkpoints, a fresh optimizer "
+        "on resume"))
     micro_batch_size: int = Field(0, ge=0, description=(
         "online RL: completions per training forward/backward; each minibatch's gradient is accumulated over "
         "chunks this size (the same gradient up to float rounding, less activation memory); 0 = the whole "
         "minibatch at once"))
+
+
+MonitorAction = Literal["log", "stop", "rollback", "raise_kl"]
+
+
+class MonitorsConfig(Section):
+    """The reward-hacking and health monitors (`feedbackrl.monitors`) run after every on-policy step."""
+
+    enabled: bool = Field(True, description="run the monitors after each step (alerts, samples.jsonl)")
+    detectors: list[str] = Field(default_factory=lambda: ["all"], description=(
+        'detector names to run (see `feedbackrl.monitors.registry`); ["all"] = every one'))
+    actions: dict[str, MonitorAction] = Field(default_factory=dict, description=(
+        "detector name -> log | stop | rollback | raise_kl; unlisted detectors only log"))
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "detector name -> its threshold and window settings, e.g. {length_gaming = {growth_min = 0.3}}"))
+    samples_per_step: int = Field(8, ge=0, le=1024, description="completions per step written to samples.jsonl")
+    gold_every: int = Field(0, ge=0, description="score a sample with the gold check every N steps; 0 = never")
+    gold_samples: int = Field(32, ge=1, description="completions per gold check (spread over the groups)")
+    kl_raise: float = Field(2.0, gt=1, description="raise_kl multiplies algo.kl_coef by this")
+    kl_floor: float = Field(0.05, gt=0, description="raise_kl sets algo.kl_coef at least this (from 0)")
+    max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run; past it a rollback stops the run")
 
 
 class ScaleConfig(Section):
@@ -237,6 +292,7 @@ class ScaleConfig(Section):
 
 class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -246,6 +302,7 @@ class RunConfig(Section):
     online: OnlineConfig = Field(default_factory=OnlineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
 
     @model_validator(mode="before")

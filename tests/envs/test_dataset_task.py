@@ -43,7 +43,7 @@ def test_column_mapping_fixes_it(tmp_path: Path):
 def test_invalid_json_line_names_the_row(tmp_path: Path):
     lines = rows(2) + ['{"prompt": "1+1=", "answer": ']
     path = write_jsonl(tmp_path / "d.jsonl", lines)
-    with pytest.raises(DatasetError, match="row 2 is not valid JSON"):
+    with pytest.raises(DatasetError, match="line 3 is not valid JSON"):
         DatasetTask(path)
 
 
@@ -64,7 +64,7 @@ def test_missing_and_empty_files(tmp_path: Path):
 
 def test_heldout_rows_are_never_sampled_and_verify_is_exact(tmp_path: Path):
     task = DatasetTask(write_jsonl(tmp_path / "d.jsonl", rows(20)), heldout_fraction=0.25)
-    held = {p.prompt for p in task.heldout(100)}
+    held = {p.prompt for p in task.heldout(5)}
     assert len(held) == 5  # 25% of 20
     rng = random.Random(0)
     train = {task.sample(rng).prompt for _ in range(500)}
@@ -103,3 +103,11 @@ def test_dataset_errors_pass_through_make_task(tmp_path: Path):
 def test_make_task_builds_with_options():
     task = make_task(TaskConfig(name="addition", options={"digits": 3, "reverse": True}))
     assert task == AdditionTask(digits=3, reverse=True)
+
+
+def test_asking_for_more_heldout_problems_than_the_split_holds_is_an_error(tmp_path: Path):
+    task = DatasetTask(write_jsonl(tmp_path / "d.jsonl", rows(20)), heldout_fraction=0.25)  # 5 held-out rows
+    assert len(task.heldout(5)) == 5
+    with pytest.raises(DatasetError, match=r"asked for 200 held-out problems but the dataset's held-out split has 5 "
+                                           r"rows \(heldout_fraction=0.25\); lower task.heldout_size"):
+        task.heldout(200)

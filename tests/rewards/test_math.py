@@ -40,6 +40,11 @@ EXTRACTION = [
     ("answer-is-sentence", "So the final answer is 3.5. Let me double check 99.", "answer_is", "3.5"),
     ("answer-is-latex", r"The answer is $\frac{2}{3}$.", "answer_is", r"\frac{2}{3}"),
     ("answer-is-boxed-inside", r"The answer is \boxed{12}.", "boxed", "12"),
+    # prose after "answer is" states no answer: the next rule gets its turn
+    ("answer-is-prose-falls-through", "The answer is calculated by multiplying 3 by 4, which gives 12.", "last_number",
+     "12"),
+    ("answer-is-prose-then-colon", "The answer is found below.\nAnswer: 7", "answer_colon", "7"),
+    ("answer-is-after-prose-one", "The answer is easy to get. So the answer is 19.", "answer_is", "19"),
     ("answer-colon-bold", "Work...\n**Answer:** 42\n", "answer_colon", "42"),
     ("answer-colon-units", "Answer: 1,000 dollars", "answer_colon", "1,000"),
     ("last-latex", r"we get $x=1$ and finally \(x = 2\) ok", "last_latex", "x = 2"),
@@ -254,3 +259,9 @@ def test_cli_prints_one_json_verdict() -> None:
     verdict = json.loads(result.stdout)
     assert (verdict["score"], verdict["details"]["rule"]) == (1.0, "boxed")
     assert result.stdout.count("\n") == 1
+
+
+def test_answer_is_prose_without_a_number_fails_with_a_reason() -> None:
+    v = MathVerifier()(Problem("p", "12"), "The answer is not given.")
+    assert (v.score, v.passed) == (0.0, False)
+    assert v.reason.startswith("no final answer found")

@@ -41,7 +41,8 @@ def test_auto_is_the_cpu_without_a_gpu():
 def test_algorithms_without_device_support_refuse_a_gpu(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(run_path, "resolve_device", lambda name: torch.device(name))  # as if a GPU were here
     cfg = build_config({"algo": {"name": "dpo"}, "train": {"device": "cuda"}})
-    with pytest.raises(ConfigError, match=r"algo.name = 'dpo' runs on the CPU only so far \(off the CPU: grpo, rloo\)"):
+    off_cpu = r"algo.name = 'dpo' runs on the CPU only so far \(off the CPU: grpo, rloo, sft\)"
+    with pytest.raises(ConfigError, match=off_cpu):
         run_path.run(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from feedbackrl.config import build_config
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.registry import make_task
-from feedbackrl.log import JsonlSink, read_jsonl
+from feedbackrl.log import JsonlSink
 from feedbackrl.models.tiny import build_model, build_tokenizer
 from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.run import run_eval
@@ -49,3 +50,17 @@ def test_grpo_raises_heldout_accuracy_over_noisy_sft(tmp_path: Path) -> None:
     rewards = [r["reward/mean"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("phase") == "rl"]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 0.1, f"train reward {first:.2f} -> {last:.2f}; " + msg
+
+
+def test_sft_as_the_algorithm_raises_heldout_accuracy_through_the_run_path(tmp_path: Path) -> None:
+    """algo.name = "sft": the run path evaluates the untrained policy, runs the SFT steps, evaluates again."""
+    from feedbackrl.train.run import run
+
+    recipe = {**RECIPE, "algo": {"name": "sft"}, "sft": {"steps": 150, "batch_size": 64, "lr": 3e-3},
+              "task": {**RECIPE["task"], "heldout_size": 50,
+                       "options": {**RECIPE["task"]["options"], "demo_noise": 0.0}},
+              "train": {"seed": 0, "threads": 1}}
+    report = run(build_config(recipe), tmp_path)
+    before, after = report["eval_before"]["accuracy"], report["eval_after"]["accuracy"]
+    assert report["algo"] == "sft" and report["steps"] == 150 and (tmp_path / "sft_policy" / "config.json").is_file()
+    assert before <= 0.05 and after >= before + 0.3, f"held-out greedy accuracy {before:.2f} -> {after:.2f}"

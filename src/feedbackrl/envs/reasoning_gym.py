@@ -9,7 +9,9 @@ entry)` grades an extracted answer in [0, 1]. This adapter turns one into a `Tas
   is extracted from the completion first: "bare" takes the whole completion (what a tiny model
   writes), "answer_tag" the last `<answer>...</answer>` span (reasoning-gym's own convention).
   Many generators keep the base class's partial credit, len(gold)/len(answer) when the answer
-  contains the gold ("980" for 98 scores 2/3); `partial_credit=False` keeps only full marks;
+  contains the gold ("980" for 98 scores 2/3); `partial_credit=False` keeps only full marks.
+  `verifier="math"` grades with `rewards.math.MathVerifier` instead (the final answer pulled out of
+  free text, "... so the answer is 42.", and compared by value): what a chat model writes;
 - demonstration (SFT warm start): the gold answer, written in the same format. Generators that
   accept many answers (their gold is "None", e.g. graph_color) cannot demonstrate.
 
@@ -110,6 +112,7 @@ class ReasoningGymTask(Task):
     size: int = 100_000
     heldout_fraction: float = 0.1
     partial_credit: bool = True
+    verifier: str = "score_answer"
     name: str = "reasoning_gym"
     _train: Any = field(init=False, repr=False)
     _heldout_source: Any = field(init=False, repr=False)
@@ -123,6 +126,8 @@ class ReasoningGymTask(Task):
             raise ValueError(f"reasoning_gym extract must be one of {sorted(EXTRACTORS)}, got {self.extract!r}")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"reasoning_gym heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.verifier not in ("score_answer", "math"):
+            raise ValueError(f"reasoning_gym verifier must be 'score_answer' or 'math', got {self.verifier!r}")
         if self.size < 1:
             raise ValueError(f"reasoning_gym size must be >= 1, got {self.size}")
         self._train = create_rg_dataset(self.dataset, self.config, self.seed, self.size)
@@ -166,6 +171,10 @@ class ReasoningGymTask(Task):
                         dataset=self.dataset, expected=problem.answer)
 
     def _verify(self, problem: Problem, completion: str) -> Verdict:
+        if self.verifier == "math":
+            from feedbackrl.rewards.math import MathVerifier
+
+            return MathVerifier()(problem, completion)
         details: dict[str, Any] = {"dataset": self.dataset, "expected": problem.answer}
         answer = EXTRACTORS[self.extract](completion) if isinstance(completion, str) else None
         if answer is None:

@@ -7,6 +7,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from feedbackrl.models.gguf import is_gguf, resolve_gguf
+from feedbackrl.models.lora import is_adapter_dir, load_adapter_dir
+
 
 class ModelLoadError(ValueError):
     """A model path or id that cannot be loaded; the message says why and what to do."""
@@ -18,14 +21,19 @@ def _looks_like_hub_id(name: str) -> bool:
 
 
 def resolve_model_path(name: str) -> str:
-    """A local directory must hold a config.json; anything else must look like a hub id."""
+    """A local directory must hold a config.json; a .gguf file or packaged model name (see `models/gguf.py`)
+    converts once to a cached directory; anything else must look like a hub id."""
+    if is_gguf(name):
+        return resolve_gguf(name)
     path = Path(name).expanduser()
+    if path.is_dir() and is_adapter_dir(path):  # a LoRA checkpoint: adapter + tokenizer, base by path
+        return str(path)
     if path.exists():
         if not path.is_dir() or not (path / "config.json").exists():
             raise ModelLoadError(
                 f"model path {str(path)!r} exists but is not a Hugging Face model directory "
                 "(no config.json). Point model.path at a directory written by save_pretrained, "
-                "or use model.path = \"tiny\" to build a tiny local model.")
+                "a .gguf file, or use model.path = \"tiny\" to build a tiny local model.")
         return str(path)
     if not _looks_like_hub_id(name):
         raise ModelLoadError(
@@ -47,7 +55,10 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 
 
 def load_policy(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A causal LM from a directory, hub id, GGUF file, or LoRA checkpoint (its base + the adapters, trainable)."""
     src = resolve_model_path(name)
+    if is_adapter_dir(Path(src)):
+        return load_adapter_dir(Path(src), lambda base: load_policy(base, dtype))
     try:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     except OSError as e:

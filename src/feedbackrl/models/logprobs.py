@@ -12,9 +12,11 @@ import inspect
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.llama_forward import completion_logits
+from feedbackrl.models.lora import decodable, is_lora, is_lora_linear
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tuple[Tensor, Tensor]:
@@ -37,7 +39,9 @@ _STATIC_ROPE = ("default", "linear", "llama3")  # RoPE tables that depend on the
 
 
 def fast_path_ok(model: PreTrainedModel) -> bool:
-    """True for unmodified Llama/Qwen2 models whose maths `_LlamaDecoder` reproduces exactly."""
+    """True for Llama/Qwen2 models whose maths `_LlamaDecoder` reproduces exactly (LoRA layers included:
+    the decoder merges them into its weight copy, `models.lora.effective_weight`)."""
+    model = decodable(model)
     cfg = model.config
     inner = getattr(model, "model", None)
     # under autocast the matmuls would run in bf16/fp16 against our float32 buffers: the model's own forward handles it
@@ -56,9 +60,16 @@ def fast_path_ok(model: PreTrainedModel) -> bool:
     linears = [getattr(m, name) for layer in inner.layers
                for m, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                                 (layer.mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names]
-    # adapters (LoRA), hooks or custom norms change the maths: those models take the generic path
-    no_hooks = all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
-    return no_hooks and all(type(m) is nn.Linear for m in linears)
+    # hooks, other adapters or custom norms change the maths: those models take the generic path
+    no_hooks = all(_harmless_hooks(m) for m in model.modules())
+    return no_hooks and all(type(m) is nn.Linear or is_lora_linear(m) for m in linears)
+
+
+def _harmless_hooks(m: nn.Module) -> bool:
+    """No hooks, or only the one gradient checkpointing puts on the input embedding (it marks the embedding's
+    output as requiring grad, which changes no value: decoding runs without grad)."""
+    hooks = [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]
+    return all(getattr(h, "__name__", "") == "make_inputs_require_grads" for h in hooks)
 
 
 def train_fast_path_ok(model: PreTrainedModel) -> bool:
@@ -66,7 +77,8 @@ def train_fast_path_ok(model: PreTrainedModel) -> bool:
     # transformers 5.2x renamed is_gradient_checkpointing (now a deprecated alias) to is_activation_checkpointing
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
-    if getattr(model, name, False) or not fast_path_ok(model):
+    # LoRA trains through peft's forward: the fast forward reads the base weights only
+    if is_lora(model) or getattr(model, name, False) or not fast_path_ok(model):
         return False
     return not (model.training and getattr(model.config, "attention_dropout", 0.0))
 
@@ -94,11 +106,41 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
         # use_cache=False: HF models default to building a KV cache even in a training forward
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep)
         logits = out.logits[:, -t - 1 : -1]  # predictions for each completion token
-    logits = logits.float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1) * completion_mask
+    return token_logprobs(logits, completion_ids, completion_mask, temperature, with_entropy)
+
+
+LOGPROB_CHUNK_ROWS = 8  # sequences per log-softmax chunk: (8, T, V) floats at a time instead of (N, T, V)
+
+
+def _chunk_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, mask: Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False, chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[Tensor, Tensor | None]:
+    """(N, T, V) logits of the positions that predict `ids` (N, T) -> the log-prob of each token under the
+    tempered distribution (N, T), 0 where `mask` is 0, and that distribution's entropy (N, T) when asked.
+
+    The one place log-probs are taken from logits for training (`sequence_logprobs`, PPO's
+    `logprobs_and_values`); sampling takes them in `rollout.generate`, from the same tempered logits.
+
+    The log-softmax runs `chunk_rows` sequences at a time, each chunk under activation checkpointing, so
+    neither the forward nor the backward holds a second (N, T, V) tensor beside the logits (with a 49k
+    vocabulary that tensor is most of a step's memory). Rows are independent: the values are those of one
+    log-softmax over the whole batch, bit for bit.
+    """
+    if logits.shape[0] <= chunk_rows:
+        parts = [_chunk_logprobs(logits, ids, temperature)]
+    else:
+        parts = [checkpoint(_chunk_logprobs, lg, i, temperature, use_reentrant=False) if lg.requires_grad
+                 else _chunk_logprobs(lg, i, temperature)
+                 for lg, i in zip(logits.split(chunk_rows), ids.split(chunk_rows), strict=True)]
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * completion_mask
-    return logprobs, entropy
+            ents = []
+            for lg in logits.split(chunk_rows):
+                logp = torch.log_softmax(lg.float() / temperature, dim=-1)
+                ents.append(-(logp.exp() * logp).sum(-1))
+            entropy = torch.cat(ents) * mask
+    return torch.cat(parts) * mask, entropy

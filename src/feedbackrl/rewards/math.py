@@ -59,6 +59,9 @@ _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 _PROSE = re.compile(r"[A-Za-z]{3,}|\b[A-Za-z]{2}\s")
 # A period followed by whitespace ends a sentence; a decimal point never is.
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
+# a span that opens with a word of 3+ letters is prose ("calculated by ..."), not an answer; LaTeX commands
+# (\frac) start with a backslash and units follow the number, so neither matches
+_PROSE_START = re.compile(r"[A-Za-z]{3,}")
 
 
 def _brace_pairs(text: str, begin: int) -> dict[int, int]:
@@ -100,9 +103,14 @@ def _clean_span(span: str) -> str | None:
 
 
 def extract_answer_is(text: str) -> str | None:
-    """What follows the last "answer is" (e.g. "the final answer is 42.")."""
+    """What follows the last "answer is" (e.g. "the final answer is 42."), unless it opens with a word.
+
+    "The answer is calculated by multiplying 3 by 4, which gives 12." states no answer after "is":
+    the rule finds nothing and the next rule in the order (e.g. the last number) gets its turn.
+    """
     matches = list(_ANSWER_IS.finditer(text))
-    return _clean_span(text[matches[-1].end() :]) if matches else None
+    span = _clean_span(text[matches[-1].end() :]) if matches else None
+    return None if span is None or _PROSE_START.match(span) else span
 
 
 def extract_answer_colon(text: str) -> str | None:

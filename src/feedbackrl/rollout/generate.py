@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from feedbackrl.models.chat import end_token_ids
 from feedbackrl.models.llama_forward import cat_or_none, rope_pair_rows, shared_prompts
 from feedbackrl.models.logprobs import accepts, encode_prompts, fast_path_ok, positions
+from feedbackrl.models.lora import decodable, effective_weight
 from feedbackrl.rollout import native
 
 # (rows in the whole batch, the slice of them this call generates): see `generate(rows=...)`
@@ -151,11 +153,11 @@ class _LlamaDecoder:
         self.c_eps = torch.tensor(c * cfg.rms_norm_eps, dtype=self.embed.dtype, device=dev)
 
         def folded(norm: Tensor, *linears: nn.Linear, rows: Tensor | None = None) -> Tensor:  # (in, out)
-            w = torch.cat([m.weight for m in linears])  # (out, in): reordering rows here is a cheap gather
+            w = torch.cat([effective_weight(m) for m in linears])  # (out, in): reordering rows is a cheap gather
             return _unaliased((w if rows is None else w.index_select(0, rows)).mul_(norm * c**0.5))
 
         def plain(m: nn.Linear) -> Tensor:
-            return _unaliased(m.weight)
+            return _unaliased(effective_weight(m))
 
         # RoPE as one complex multiply: within each q/k head, output columns reordered so that the pair
         # rotate_half mixes, (i, i + D/2), is adjacent: (x_i + j x_{i+D/2}) * (cos_i + j sin_i) is
@@ -291,14 +293,14 @@ class _LlamaDecoder:
         return torch.mm(self._normed(x), self.lm_head)
 
 
-def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: int | None,
+def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: Tensor | None,
           generator: torch.Generator | None, rows: Rows | None = None) -> tuple[Tensor, Tensor]:
     """(N, V) logits -> sampled tokens (N,) and their log-probs under logits / temperature (N,)."""
     scaled = logits.float() if greedy or temperature == 1.0 else logits.float() / temperature
     logp_all = torch.log_softmax(scaled, dim=-1)
     scores = logp_all
-    if ban is not None:  # EOS suppressed (min_new_tokens); the reported log-prob ignores the ban
-        scores = logp_all.index_fill(-1, torch.tensor([ban], device=logp_all.device), float("-inf"))
+    if ban is not None:  # end tokens suppressed (min_new_tokens); the reported log-prob ignores the ban
+        scores = logp_all.index_fill(-1, ban, float("-inf"))
     if greedy:
         tok = scores.argmax(-1)
     else:
@@ -331,22 +333,37 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None, min_new_tokens: int = 0,
              rows: slice | None = None) -> Rollout:
-    """Sample one completion per prompt (repeat prompts for groups). Stops at EOS per row.
+    """Sample one completion per prompt (repeat prompts for groups). Stops per row at any of the model's
+    end tokens (`models.chat.end_token_ids`: the generation config's EOS list and the tokenizer's EOS).
 
     `min_new_tokens` suppresses EOS for that many steps, as in HF `generate` (benchmarks use it to
     make every completion exactly `max_new_tokens` long). `rows` generates only that share of `prompts`
     (a rollout worker's), with the whole batch's padding and sampling stream: each row's completion is
     the one the whole batch would give it. Each decode step draws len(prompts) uniforms from `generator`.
     """
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    return generate_ids(model, tokenizer, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p, greedy,
+                        generator, min_new_tokens, rows)
+
+
+@torch.no_grad()
+def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: Tensor, prompt_mask: Tensor,
+                 max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                 generator: torch.Generator | None = None, min_new_tokens: int = 0,
+                 rows: slice | None = None) -> Rollout:
+    """`generate` from token ids: prompt_ids, prompt_mask (N, P) left-padded (multi-turn episodes continue
+    from the exact tokens sampled so far, special tokens included, which re-encoding text would not keep)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    model = decodable(model)  # a LoRA model's transformers model, adapters in place (merged by the fast decoder)
     dev = model.device  # the rollout lives where the model does
-    prompt_ids, prompt_mask = (t.to(dev) for t in encode_prompts(tokenizer, prompts))
+    prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
     share: Rows | None = None
     if rows is not None:
         share = (prompt_ids.shape[0], rows)
         prompt_ids, prompt_mask = prompt_ids[rows], prompt_mask[rows]
-    n, eos, pad = prompt_ids.shape[0], tokenizer.eos_token_id, tokenizer.pad_token_id
+    n, pad = prompt_ids.shape[0], tokenizer.pad_token_id
+    eos = end_token_ids(model, tokenizer).to(dev)  # (E,)
     was_training = model.training
     model.eval()
     try:
@@ -364,7 +381,7 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
                               share)
             completion_ids[:, t] = tok.masked_fill_(done, pad)
             logps[:, t] = logp.masked_fill_(done, 0.0)
-            done |= tok == eos
+            done |= torch.isin(tok, eos)
             if t + 1 == max_new_tokens or bool(done.all()):
                 break
             pos = pos + 1
@@ -372,7 +389,7 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     finally:
         model.train(was_training)
     completion_ids, logps = completion_ids[:, : t + 1], logps[:, : t + 1]
-    is_eos = (completion_ids == eos).long()
+    is_eos = torch.isin(completion_ids, eos).long()
     completion_mask = (torch.cumsum(is_eos, dim=1) - is_eos == 0).long()  # generated before (or is) the first EOS
     texts = tokenizer.batch_decode((completion_ids * completion_mask + pad * (1 - completion_mask)).tolist(),
                                    skip_special_tokens=True)

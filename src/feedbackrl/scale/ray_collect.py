@@ -218,7 +218,7 @@ class RayCollector:
         t_gen = time.perf_counter()
         while prefetch and len(self.pending) < self.scale.max_staleness:
             self.pending.append(self._launch(prompt_rng, sample_rng))
-        batch = score_rollout(self.task, self.scorer, p.owners, ro, t_call, t_gen)
+        batch = score_rollout(self.task, self.scorer, p.owners, ro, t_call, t_gen, self.cfg.truncated_fails)
         batch.policy_versions = versions
         if self.scale.max_staleness > 0:
             batch.logprobs = ro.logprobs

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -26,7 +26,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import RolloutConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.envs.multi_turn import EpisodicTask
+from feedbackrl.rewards.verdict import Problem, Verdict, fail
 from feedbackrl.rollout.generate import Rollout, generate
 
 # (problems, completions) -> (one verdict per completion, extra metrics for the step's log line)
@@ -57,11 +58,20 @@ class Batch:
     # sampled each row
     logprobs: Tensor | None = None
     policy_versions: Tensor | None = None
+    # multi-turn episodes only (train/episodes.py): per-token credit from per-turn rewards, and the transcripts
+    turn_advantages: Tensor | None = None  # (N, T) added to the trajectory advantages; None = outcome only
+    episodes: list[Any] | None = None  # (N,) EpisodeRecord, written to OUT/episodes.jsonl
 
     @property
     def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(prompt_ids, prompt_mask, completion_ids, completion_mask): the arguments of `sequence_logprobs`."""
         return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+
+def fail_truncated(verdicts: Sequence[Verdict], truncated: Sequence[bool]) -> list[Verdict]:
+    """Verdicts with every cut-off completion failed (score 0), its original verdict kept as evidence."""
+    return [fail("cut off by max_new_tokens before an end token", original=v.reason) if cut else v
+            for v, cut in zip(verdicts, truncated, strict=True)]
 
 
 def sample_owners(task: Task, cfg: RolloutConfig, prompt_rng: random.Random) -> list[Problem]:
@@ -72,14 +82,17 @@ def sample_owners(task: Task, cfg: RolloutConfig, prompt_rng: random.Random) -> 
 
 
 def score_rollout(task: Task, scorer: Scorer, owners: list[Problem], ro: Rollout, t0: float,
-                  t_gen: float) -> Batch:
+                  t_gen: float, truncated_fails: bool = False) -> Batch:
     """Score the rollout's N completions, feed the verdicts back to the task, measure: the step's Batch.
 
     t0 and t_gen (perf_counter) are when the step and its scoring started: the metrics' perf/gen_s.
+    `truncated_fails` (rollout.truncated_fails) fails every completion cut off by the token limit.
     """
     verdicts, extra = scorer(owners, ro.texts)
     if len(verdicts) != len(owners):
         raise ValueError(f"the reward returned {len(verdicts)} verdicts for {len(owners)} completions")
+    if truncated_fails:
+        verdicts = fail_truncated(verdicts, ro.truncated.tolist())
     t_score = time.perf_counter()
     task.observe(owners, verdicts)
     rewards = torch.tensor([float(v.score) for v in verdicts], device=ro.completion_ids.device)
@@ -99,11 +112,15 @@ def score_rollout(task: Task, scorer: Scorer, owners: list[Problem], ro: Rollout
 def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
             cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
     """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
+    if isinstance(task, EpisodicTask):  # multi-turn: the environment's verdict replaces the scorer
+        from feedbackrl.train.episodes import collect_episodes  # it builds a Batch: imported here, not at the top
+
+        return collect_episodes(model, tokenizer, task, cfg, prompt_rng, sample_rng)
     t0 = time.perf_counter()
     owners = sample_owners(task, cfg, prompt_rng)
     ro = generate(model, tokenizer, [p.prompt for p in owners], cfg.max_new_tokens, cfg.temperature, cfg.top_p,
                   generator=sample_rng, min_new_tokens=cfg.min_new_tokens)
-    return score_rollout(task, scorer, owners, ro, t0, time.perf_counter())
+    return score_rollout(task, scorer, owners, ro, t0, time.perf_counter(), cfg.truncated_fails)
 
 
 class Collector(Protocol):

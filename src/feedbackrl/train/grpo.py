@@ -7,6 +7,7 @@ All maths lives in `feedbackrl.algos`; this file only wires it. Setup helpers si
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -26,9 +27,14 @@ from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import sequence_logprobs
-from feedbackrl.train.checkpoint import frozen_reference, restore, save_checkpoint
+from feedbackrl.models.lora import adapters_disabled, is_lora
+from feedbackrl.models.policy import train_autocast
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
 from feedbackrl.train.collect import Collector, InProcessCollector, Scorer, minibatches, task_scorer
 from feedbackrl.train.context import Run
+from feedbackrl.train.episodes import write_transcripts
+from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 # the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
@@ -36,7 +42,9 @@ ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {"grpo": group_advantages, 
 
 
 def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimizer:
-    return adamw(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
+    # the trainable parameters only: with LoRA the frozen base has no optimizer state to keep
+    params = [p for p in model.parameters() if p.requires_grad]
+    return adamw(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
 
 
 def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
@@ -62,11 +70,14 @@ def stale_metrics(versions: torch.Tensor | None, learner_version: int, bound: in
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                on_eval: Callable[[int], dict[str, Any]] | None = None,
-               scorer: Scorer | None = None, collector: Collector | None = None) -> dict[str, Any]:
+               scorer: Scorer | None = None, monitor: Monitor | None = None,
+               collector: Collector | None = None) -> dict[str, Any]:
     """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
     Completions are scored by the task's verifier, or by `scorer` when given; batches come from
     `collector` when given, else from `make_collector` (this process unless `[scale]` asks for workers).
+    `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
+    the KL coefficient.
     """
     scorer = scorer or task_scorer(task)
     collector = collector or make_collector(cfg, model, tokenizer, task, scorer)
@@ -80,20 +91,28 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
         start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
         console.print(f"resumed from {resume_from} at step {start}")
         collector.update(model, start)  # the resumed weights are policy version `start`
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
+    monitor = live_monitor(cfg, out_dir, monitor, task)
+    kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
+    wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
+    # LoRA: the reference is the base model with the adapters disabled, no second copy
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref and not is_lora(model) else None
+    precision = functools.partial(train_autocast, cfg.train.precision, model.device)
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
     micro = cfg.train.micro_batch_size  # 0: each minibatch in one forward/backward
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
-                        cfg.model_dump_json(indent=2), task.state_dict())
+        save_checkpoint(out_dir, model, tokenizer, optimizer if cfg.train.save_optimizer else None, step, prompt_rng,
+                        sample_rng, cfg.model_dump_json(indent=2), task.state_dict())
 
     def checkpoint_after(step: int) -> bool:
         every = cfg.train.checkpoint_every
         return step + 1 == a.steps or bool(every and (step + 1) % every == 0)
 
+    end = a.steps
+    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
+        checkpoint(start)  # something to roll back to before the first periodic checkpoint
     with progress() as bar, contextlib.closing(collector):
         job = bar.add_task(a.name.upper(), total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
@@ -105,12 +124,19 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             batch.metrics.update(stale_metrics(batch.policy_versions, step, cfg.scale.max_staleness))
             # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            if batch.turn_advantages is not None:  # episodes with per-turn credit: (N,) -> (N, T)
+                advantages = advantages[:, None] + batch.turn_advantages
+            if batch.episodes is not None:
+                write_transcripts(out_dir / "episodes.jsonl", step + 1, batch.episodes)
             tensors, mask = batch.tensors, batch.completion_mask.float()
-            with torch.no_grad():
+            with torch.no_grad(), precision():
                 # old log-probs only matter when the policy moves within a batch; with one update the
                 # ratio is exactly 1 and the detached current log-probs serve
                 old_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0] if n_updates > 1 else None
                 ref_lp = sequence_logprobs(ref, *tensors, ro_cfg.temperature)[0] if ref is not None else None
+                if wants_ref and ref is None:
+                    with adapters_disabled(model):
+                        ref_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0]
             # 4. optimise: epochs x minibatches
             stats: dict[str, list[float]] = {k: [] for k in ("loss/policy", "loss/kl", "kl/mean", "entropy/mean",
                                                               "clip_frac", "grad_norm")}
@@ -125,7 +151,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                     parts: dict[str, list[torch.Tensor]] = {"pg": [], "kl": [], "entropy": [], "clipped": []}
                     for sub in idx.split(micro or len(idx)):
                         mb = [t[sub] for t in tensors]
-                        logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
+                        with precision():
+                            logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
                         old = old_lp[sub] if old_lp is not None else logprobs.detach()
                         if behaviour is None:
                             pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
@@ -139,7 +166,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         kl = torch.zeros_like(pg)
                         if ref_lp is not None:
                             kl = kl_k3(logprobs, ref_lp[sub])
-                            per_token = pg + a.kl_coef * kl
+                            per_token = pg + kl_coef * kl
                         aggregate(per_token, mask[sub], **norm).backward()
                         parts["pg"].append(pg.detach())
                         parts["kl"].append(kl.detach())
@@ -167,12 +194,28 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             done = step + 1
             if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
                 metrics.update(on_eval(done))
+            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
+            if decision is not None:
+                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
             sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
+            if decision is not None and monitor is not None:
+                if decision.stop:
+                    end = done
+                    console.print(f"monitors stopped the run at step {done}: {decision.alerts[0].message}")
+                    break
+                if decision.raise_kl:
+                    kl_coef = monitor.raised_kl(kl_coef)
+                if decision.rollback:
+                    monitor.rolled_back(roll_back(out_dir, model, optimizer)[0])
+                    collector.update(model, done)  # the workers sample from the rolled-back weights
+                    continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
                 checkpoint(done)
     if start < a.steps or resume_from is None:
-        checkpoint(a.steps)
+        checkpoint(end)
     return metrics
 
 

@@ -27,10 +27,11 @@ from feedbackrl.data.labeller import (
     label_ceiling,
     label_rows,
     sample_candidates,
-    write_jsonl,
 )
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
+from feedbackrl.data.rows import write_jsonl
 from feedbackrl.envs.base import Task
+from feedbackrl.models.chat import use_chat
 from feedbackrl.rewards.registry import BatchReward, build_reward, part_metrics
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import generate
@@ -54,7 +55,9 @@ def preference_data(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTraine
     held: list[Any] = []
     if p.path or p.db:
         source, shown = (p.path, p.path) if p.path else _database_pairs(p.db, p.project)
-        train, dropped = load(source, on_bad_row="drop")
+        # chat-format rows are rendered with the model's own template (model.chat_template), not a stand-in
+        chat = tokenizer if use_chat(tokenizer, cfg.model.chat_template) else None
+        train, dropped = load(source, on_bad_row="drop", tokenizer=chat)
         if heldout:
             n_held = min(p.heldout_prompts, len(train) // 5)
             train, held = train[: len(train) - n_held], train[len(train) - n_held :]

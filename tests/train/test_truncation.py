@@ -1,0 +1,38 @@
+"""Completions cut off by max_new_tokens: reported by eval, and optionally scored as failed."""
+
+from __future__ import annotations
+
+import math
+
+from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.rewards.verdict import Verdict
+from feedbackrl.train.collect import fail_truncated
+from feedbackrl.train.evaluate import evaluate
+
+
+def test_fail_truncated_fails_only_the_cut_off_rows():
+    verdicts = [Verdict(1.0, True, "ok"), Verdict(1.0, True, "ok too"), Verdict(0.0, False, "wrong")]
+    out = fail_truncated(verdicts, [False, True, True])
+    assert out[0] is verdicts[0]
+    assert [(v.score, v.passed) for v in out] == [(1.0, True), (0.0, False), (0.0, False)]
+    assert out[1].reason == "cut off by max_new_tokens before an end token"
+    assert out[1].details["original"] == "ok too"
+
+
+class _Always(AdditionTask):
+    """Every completion passes: what is left to measure is the truncation handling."""
+
+    def verify(self, problem, completion):
+        return Verdict(1.0, True, "always")
+
+
+def test_eval_reports_the_truncation_rate_and_can_fail_truncated_answers(peaked_lm, tokenizer, capsys):
+    task = _Always()
+    problems = task.heldout(8)
+    # 3 new tokens: the peaked model never reaches EOS that soon, so every answer is cut off
+    r = evaluate(peaked_lm, tokenizer, task, problems, 3, k=0, warn_truncated=0.5)
+    assert (r.truncated_frac, r.accuracy) == (1.0, 1.0) and math.isnan(r.pass_at_k)
+    assert "8/8 greedy eval answers hit max_new_tokens=3" in capsys.readouterr().err.replace("\n", " ")
+    r = evaluate(peaked_lm, tokenizer, task, problems, 3, k=0, truncated_fails=True)
+    assert (r.truncated_frac, r.accuracy) == (1.0, 0.0)
+    assert r.to_dict()["truncated_frac"] == 1.0
