@@ -87,7 +87,9 @@ def demo(steps: int, sft_steps: int, heldout: int, seeds: list[int], modes: str)
 def verdicts(n: int) -> list[dict[str, Any]]:
     from feedbackrl.scale.ray_collect import RewardPool, start_ray
 
-    cfg = load_config(ROOT / "recipes" / "code_grpo.toml", ["task.options.verify_workers=1"])
+    data = ROOT / "recipes" / "data" / "tiny_programs.jsonl"  # absolute: the verifier actors run elsewhere
+    cfg = load_config(ROOT / "recipes" / "code_grpo.toml", ["task.options.verify_workers=1",
+                                                           f'task.options.path="{data}"'])
     task = make_task(cfg.task)
     rng = random.Random(0)
     problems = [task.sample(rng) for _ in range(n)]
