@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +70,13 @@ ALGORITHMS: dict[str, Entry] = {
 }
 
 
-def set_threads(n: int) -> None:
-    torch.set_num_threads(n or os.cpu_count() or 1)
+def set_threads(n: int, processes_per_node: int = 1) -> None:
+    """`train.threads`, or the cores this process can actually get (CPU affinity, the cgroup's CPU quota)
+    shared among `processes_per_node` busy processes: never more threads than cores (oversubscribed
+    threads that wait on a descheduled peer made a shared 2-core machine many times slower)."""
+    from feedbackrl.scale.threads import threads_per_process  # torch only; no Ray
+
+    torch.set_num_threads(threads_per_process(processes_per_node, requested=n))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -113,7 +117,8 @@ def start_run(cfg: RunConfig, out_dir: str | Path) -> Path:
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    set_threads(cfg.train.threads)
+    s = cfg.scale  # asynchronous local workers generate while the learner trains: they share the cores
+    set_threads(cfg.train.threads, 1 + s.rollout_workers if s.max_staleness and not s.ray_address else 1)
     console.print_json(cfg.model_dump_json())
     (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     return out_dir
