@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,feedback]'
+	$(PY) -m pip install -q -e '.[test,feedback,ray]'
 	touch $(STAMP)
 
 setup: $(STAMP)

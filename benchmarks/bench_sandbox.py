@@ -3,6 +3,11 @@
 Run: .venv/bin/python benchmarks/bench_sandbox.py [--n 40] [--problems 48]
 Prints a markdown table and writes benchmarks/results/sandbox.json.
 
+Before and after a change, in one run: `--compare REV` exports the package as of git revision REV
+to a temporary folder and measures it and the working tree in alternating worker processes
+(`--rounds` each, medians), so both see the same machine load; writes
+benchmarks/results/sandbox_compare.json.
+
 "bare" is `subprocess.run([sys.executable, "-c", PROGRAM])` (site-packages and all) and "bare -I -S"
 the same with the flags the sandbox uses, so the rest is isolation: unshare, the judge's mounts,
 the fork and lock-down of the runner, the /proc sweep afterwards. One sandbox job runs all of a
@@ -20,6 +25,8 @@ import platform
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +38,8 @@ PROGRAM = "print(sum(range(10)))"
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = {"asserts": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]}
 RESULTS = Path(__file__).parent / "results" / "sandbox.json"
+COMPARE = Path(__file__).parent / "results" / "sandbox_compare.json"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def ms_per_call(call: Callable[[], object], n: int) -> float:
@@ -52,11 +61,61 @@ def verdicts_per_s(verifier: CodeVerifier, n_problems: int, workers: int) -> flo
     return n_problems / elapsed
 
 
+def measure(n: int, n_problems: int) -> dict[str, float]:
+    """The comparison's rows, for whichever feedbackrl is on sys.path."""
+    verifier = CodeVerifier(timeout_s=5.0)
+    io1 = Problem("", {"io": [{"input": "", "output": "45\n"}]})
+    rows = {"1 io test, ms": ms_per_call(lambda: verifier(io1, PROGRAM), n),
+            "3 asserts (one job), ms": ms_per_call(lambda: verifier(Problem("", ADD_TESTS), ADD), n)}
+    for w in (1, 2):
+        rows[f"verdicts/s, {w} worker{'s' * (w > 1)}"] = verdicts_per_s(verifier, n_problems, w)
+    return rows
+
+
+def compare(rev: str, n: int, n_problems: int, rounds: int) -> None:
+    """Measure `rev` and the working tree in alternating worker processes; print and save a table."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", rev, "src/feedbackrl"], cwd=REPO, capture_output=True, check=True)
+        tar_path = Path(tmp) / "old.tar"
+        tar_path.write_bytes(archive.stdout)
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(tmp, filter="data")
+        trees = {"before": Path(tmp) / "src", "after": REPO / "src"}
+        runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+        for _ in range(rounds):
+            for name, src in trees.items():
+                out = subprocess.run([sys.executable, __file__, "--worker", "--n", str(n), "--problems",
+                                      str(n_problems)], env={**os.environ, "PYTHONPATH": str(src)},
+                                     capture_output=True, text=True, check=True)
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    table = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    print(f"cores: {os.cpu_count()}, {rounds} alternating rounds, median; before = {rev}, after = {head}\n")
+    print(f"| row | before ({rev}) | after ({head}) | after / before |\n|---|---:|---:|---:|")
+    for key in table["before"]:
+        b, a = table["before"][key], table["after"][key]
+        print(f"| {key} | {b:.1f} | {a:.1f} | {a / b:.2f}x |")
+    COMPARE.parent.mkdir(exist_ok=True)
+    COMPARE.write_text(json.dumps({"before": rev, "after": head, "rounds": rounds, "n_calls": n,
+                                   "n_problems": n_problems, "cores": os.cpu_count(),
+                                   "median": table, "runs": runs}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="timed calls per latency row")
     parser.add_argument("--problems", type=int, default=48, help="problems per throughput row")
+    parser.add_argument("--compare", metavar="REV", help="also measure git revision REV, alternating with this tree")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side with --compare")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args.n, args.problems)))
+        return
+    if args.compare:
+        compare(args.compare, args.n, args.problems, args.rounds)
+        return
 
     verifier = CodeVerifier(timeout_s=5.0)
     io1 = Problem("", {"io": [{"input": "", "output": "45\n"}]})

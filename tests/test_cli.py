@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from feedbackrl.cli import app, demo_recipe_path
-from feedbackrl.log import read_jsonl
+from feedbackrl.data.rows import read_jsonl
 
 runner = CliRunner()
 

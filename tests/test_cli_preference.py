@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from feedbackrl.cli import app
-from feedbackrl.log import read_jsonl
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.models.reward import load_reward_model
 
 RECIPES = Path(__file__).parent.parent / "recipes"
@@ -52,7 +52,13 @@ def test_cost_model_recipe_trains_on_safety_labels(tmp_path: Path):
     assert rows and report["kind"] == "cost"
     for r in rows:  # chosen = the costlier response; cost = number of "a"s; unsafe = cost > 0
         assert r["gold_chosen"] == r["chosen"].strip().count("a") and r["chosen_unsafe"] == (r["gold_chosen"] > 0)
-        assert r["p_chosen"] >= 0.5 or r["gold_chosen"] < r["gold_rejected"]
+        # p_chosen = P(the labeller picks chosen as costlier) = sigmoid((cost_c - cost_r) / 0.05): a coin flip on
+        # equal costs; one "a" apart it is sigmoid(20) > 0.99, and the costlier one is chosen
+        if r["gold_chosen"] == r["gold_rejected"]:
+            assert r["p_chosen"] == 0.5, r
+        else:
+            assert r["p_chosen"] > 0.99 and r["gold_chosen"] > r["gold_rejected"], r
+    assert any(r["gold_chosen"] != r["gold_rejected"] for r in rows), "every pair tied: nothing was checked"
     assert 0 <= report["reward_model"]["rm/heldout_safety_accuracy"] <= 1
     model, _ = load_reward_model(tmp_path / "cost" / "reward_model")
     assert model.kind == "cost" and model.calibration.center == 0.0
@@ -98,3 +104,58 @@ def test_resume_is_refused_for_preference_algorithms(tmp_path: Path):
                                  str(tmp_path), "--set", "train.threads=1"])
     assert result.exit_code == 2
     assert "--resume: algo.name = 'dpo' cannot continue from a checkpoint (these can: grpo, rloo, ppo)" in result.output
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "data file '{path}' does not exist"),
+    ("prompt,chosen,rejected\n2+2?,4,5,6\n", "{path}: row 0 has 4 fields but the header has 3"),
+], ids=["missing-file", "ragged-csv"])
+def test_bad_preference_file_is_a_clear_error_not_a_traceback(tmp_path: Path, content: str | None, message: str):
+    path = tmp_path / "x.csv"
+    if content is not None:
+        path.write_text(content)
+    result = runner.invoke(app, ["train", str(RECIPES / "dpo.toml"), "--out", str(tmp_path / "o"),
+                                 "--set", "model.path=tiny", "--set", f"prefs.path={path}", "--set", "train.threads=1"])
+    assert result.exit_code == 2, result.output
+    assert f"error: {message.format(path=path)}" in result.output
+    assert isinstance(result.exception, SystemExit)  # typer.Exit: no exception escaped
+
+
+# Learning: a reward-model run big enough that its preferences teach something (300 SFT steps, 4,000 labelled
+# prompts), then DPO on its pairs and RLOO against its reward model, each judged by the hidden gold score
+# against the SFT policy on 64 held-out words x 4 samples. Gold win rates at train.seed 0 / 1 / 2 (2026-12-01):
+# DPO 0.570 / 0.666 / 0.617, RLOO (30 steps) 0.537 / 0.619 / 0.574, PPO (30 steps) 0.465 / 0.613 / 0.592:
+# PPO does not beat SFT on every seed at this size, so it has no learning assertion yet.
+LEARN = ["task.heldout_size=64", "train.threads=1"]
+DPO_MIN_WIN_RATE = 0.54  # lowest seed 0.570, less ~one standard error of 256 comparisons
+RLOO_MIN_WIN_RATE = 0.52  # lowest seed 0.537
+
+
+@pytest.fixture(scope="module")
+def learned_rm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("learn") / "rm"
+    train("reward_model.toml", out, [*LEARN, "sft.steps=300", "prefs.prompts=4000", "prefs.heldout_prompts=64",
+                                     "algo.epochs=1", "algo.batch_size=64"])
+    return out
+
+
+@pytest.mark.slow
+def test_dpo_beats_the_sft_policy_on_the_gold_score(learned_rm_run: Path, tmp_path: Path):
+    report = train("dpo.toml", tmp_path / "dpo", [*LEARN, "algo.batch_size=64",
+                                                  f"model.path={learned_rm_run / 'sft_policy'}",
+                                                  f"prefs.path={learned_rm_run / 'prefs' / 'train.jsonl'}"])
+    g = report["gold_vs_sft"]
+    assert g["win_rate"] >= DPO_MIN_WIN_RATE, (f"DPO gold win rate vs SFT {g['win_rate']:.3f} < {DPO_MIN_WIN_RATE}; "
+                                               f"gold mean {g['baseline_gold_mean']:.3f} -> {g['gold_mean']:.3f}")
+
+
+@pytest.mark.slow
+def test_rloo_beats_the_sft_policy_on_the_gold_score(learned_rm_run: Path, tmp_path: Path):
+    report = train("rloo.toml", tmp_path / "rloo", [*LEARN, "algo.steps=30", "rollout.prompts_per_step=16",
+                                                    "rollout.group_size=8",
+                                                    f"model.path={learned_rm_run / 'sft_policy'}",
+                                                    f"reward.model={learned_rm_run / 'reward_model'}"])
+    g = report["gold_vs_sft"]
+    assert g["win_rate"] >= RLOO_MIN_WIN_RATE, (f"RLOO gold win rate vs SFT {g['win_rate']:.3f} < "
+                                                f"{RLOO_MIN_WIN_RATE}; gold mean {g['baseline_gold_mean']:.3f} -> "
+                                                f"{g['gold_mean']:.3f}")

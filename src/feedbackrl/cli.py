@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from feedbackrl.cli_judge import judge_app
 from feedbackrl.cli_label import label_app
 from feedbackrl.cli_verify import verify_app
 
@@ -16,6 +17,7 @@ app = typer.Typer(help="RL post-training from verifiable rewards and human feedb
                   pretty_exceptions_enable=False)
 app.add_typer(verify_app, name="verify")
 app.add_typer(label_app, name="label")
+app.add_typer(judge_app, name="judge")
 
 DEMO_RECIPE = "reverse_grpo.toml"
 
@@ -141,3 +143,25 @@ def tasks() -> None:
         fields = {k: f for k, f in cfg.model_fields.items() if k != "name"}
         typer.echo(f"  {cfg.model_fields['name'].default}: " + "; ".join(
             f"{k}={f.default!r} ({f.description})" for k, f in fields.items()))
+
+
+@app.command()
+def monitor(run_dir: Annotated[Path, typer.Argument(help="a finished (or running) run's output directory")],
+            as_json: Annotated[bool, typer.Option("--json", help="one alert per line as JSON")] = False) -> None:
+    """Replay a run's metrics.jsonl and samples.jsonl through the reward-hacking and health detectors."""
+    from feedbackrl.monitors.replay import replay
+
+    try:
+        alerts = replay(run_dir)
+    except (FileNotFoundError, *_user_errors()) as e:
+        _fail(str(e))
+    for a in alerts:
+        if as_json:
+            typer.echo(json.dumps(a.to_dict()))
+            continue
+        typer.echo(f"step {a.step:>5}  {a.detector:<22} {a.kind:<8} {a.statistic:.3f} (threshold {a.threshold:g})  "
+                   f"{a.message}")
+        for ex in a.examples:
+            typer.echo(f"{'':>13}e.g. {ex[:100]!r}")
+    if not as_json:
+        typer.echo(f"{len(alerts)} alert(s) in {run_dir}")

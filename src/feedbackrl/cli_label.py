@@ -81,6 +81,17 @@ def admin_token(db: DbOption = DEFAULT_DB,
     typer.echo(token)
 
 
+@label_app.command()
+def revoke(labeller: Annotated[str, typer.Argument(help="labeller name")], db: DbOption = DEFAULT_DB) -> None:
+    """Lock a labeller out: their token stops working, admin right and invitations go; labels stay."""
+    from feedbackrl.feedback.store import revoke_labeller
+
+    with _session(db) as s:
+        revoke_labeller(s, labeller)
+        s.commit()
+    typer.echo(f"{labeller!r} is revoked: their token no longer works (`label invite --new-token` to restore)")
+
+
 @label_app.command("create-project")
 def create_project_cmd(
         name: Annotated[str, typer.Argument(help="unique project name")],
@@ -124,13 +135,18 @@ def import_(project: Annotated[str, typer.Argument(help="project name")],
             file: Annotated[Path, typer.Argument(help='JSONL: {"prompt": ..., "responses": [...]} per line')],
             db: DbOption = DEFAULT_DB) -> None:
     """Add items from a JSONL file (all rows or none)."""
-    from feedbackrl.feedback.items import add_items, read_jsonl
+    from feedbackrl.data.rows import DatasetError, read_jsonl
+    from feedbackrl.feedback.items import add_items
     from feedbackrl.feedback.store import get_project
 
     if not file.is_file():
         _fail(f"no such file: {file}")
+    try:
+        rows = read_jsonl(file)
+    except DatasetError as e:
+        _fail(str(e))
     with _session(db) as s:
-        ids = add_items(s, get_project(s, project), read_jsonl(file))
+        ids = add_items(s, get_project(s, project), rows)
     typer.echo(f"imported {len(ids)} item(s) into {project!r}")
 
 
@@ -172,7 +188,8 @@ def export(project: Annotated[str, typer.Argument(help="project name")],
            format: Annotated[str, typer.Option(help="pairs, rankings or labels (raw)")] = "pairs",
            db: DbOption = DEFAULT_DB) -> None:
     """Write the project's labels as a preference dataset (see feedbackrl.data.preferences)."""
-    from feedbackrl.feedback.export import FORMATS, export_rows, write_jsonl
+    from feedbackrl.data.rows import write_jsonl
+    from feedbackrl.feedback.export import FORMATS, export_rows
     from feedbackrl.feedback.store import get_project
 
     if format not in FORMATS:

@@ -93,7 +93,7 @@ class RLOOConfig(GRPOConfig):
     """RLOO: the GRPO loop with leave-one-out advantages (Ahmadian et al. 2024)."""
 
     name: Literal["rloo"] = Field("rloo", description="algorithm")
-    scale_advantages: bool = Field(False, description="also divide by the group std (TRL's normalize_advantages)")
+    scale_advantages: bool = Field(False, description="also divide the leave-one-out advantages by the group's std")
 
 
 class PPOConfig(Section):
@@ -116,11 +116,19 @@ class DPOConfig(Section):
     name: Literal["dpo"] = Field("dpo", description="algorithm")
     loss: Literal["dpo", "ipo", "pro"] = Field("dpo", description="pairwise dpo/ipo, or listwise pro (rankings)")
     beta: float = Field(0.1, gt=0, description="DPO's beta (IPO's tau; PRO's score scale)")
+    length_average: bool = Field(False, description=(
+        "ipo only: per-token mean response log-probs instead of sums (TRL's IPO, so a TRL beta carries over)"))
     epochs: int = Field(2, ge=1, le=100, description="passes over the preference data")
     batch_size: int = Field(64, ge=1, description="pairs (or rankings) per optimizer step")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step (must divide batch_size)")
     lr: float = Field(1e-4, gt=0, le=1, description="AdamW learning rate")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+    @model_validator(mode="after")
+    def _average_is_ipo(self) -> DPOConfig:
+        if self.length_average and self.loss != "ipo":
+            raise ValueError(f"length_average is TRL's form of loss = 'ipo'; got loss = {self.loss!r}")
+        return self
 
 
 class RewardModelConfig(Section):
@@ -239,6 +247,49 @@ class TrainConfig(Section):
         "minibatch at once"))
 
 
+MonitorAction = Literal["log", "stop", "rollback", "raise_kl"]
+
+
+class MonitorsConfig(Section):
+    """The reward-hacking and health monitors (`feedbackrl.monitors`) run after every on-policy step."""
+
+    enabled: bool = Field(True, description="run the monitors after each step (alerts, samples.jsonl)")
+    detectors: list[str] = Field(default_factory=lambda: ["all"], description=(
+        'detector names to run (see `feedbackrl.monitors.registry`); ["all"] = every one'))
+    actions: dict[str, MonitorAction] = Field(default_factory=dict, description=(
+        "detector name -> log | stop | rollback | raise_kl; unlisted detectors only log"))
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "detector name -> its threshold and window settings, e.g. {length_gaming = {growth_min = 0.3}}"))
+    samples_per_step: int = Field(8, ge=0, le=1024, description="completions per step written to samples.jsonl")
+    gold_every: int = Field(0, ge=0, description="score a sample with the gold check every N steps; 0 = never")
+    gold_samples: int = Field(32, ge=1, description="completions per gold check (spread over the groups)")
+    kl_raise: float = Field(2.0, gt=1, description="raise_kl multiplies algo.kl_coef by this")
+    kl_floor: float = Field(0.05, gt=0, description="raise_kl sets algo.kl_coef at least this (from 0)")
+    max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run; past it a rollback stops the run")
+
+
+class ScaleConfig(Section):
+    """Beyond one process: Ray rollout and reward workers, asynchronous RL. The defaults are one process."""
+
+    ray_address: str = Field("", description='Ray cluster to join ("auto": the running one); "" starts a local one')
+    rollout_workers: int = Field(0, ge=0, le=1024, description="Ray actors that generate rollouts; 0 = the learner")
+    reward_workers: int = Field(0, ge=0, le=1024, description="Ray actors that verify completions; 0 = the learner")
+    max_staleness: int = Field(0, ge=0, le=1, description=(
+        "0: synchronous; 1: the next batch is sampled while the learner trains (one policy version old)"))
+    importance_cap: float = Field(2.0, gt=0, description="truncation of the stale samples' importance weights")
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.rollout_workers > 0 or self.reward_workers > 0
+
+    @model_validator(mode="after")
+    def _async_needs_workers(self) -> ScaleConfig:
+        if self.max_staleness > 0 and self.rollout_workers == 0:
+            raise ValueError(f"scale.max_staleness={self.max_staleness} needs scale.rollout_workers >= 1 "
+                             "(asynchronous sampling happens on the workers)")
+        return self
+
+
 class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -251,6 +302,8 @@ class RunConfig(Section):
     online: OnlineConfig = Field(default_factory=OnlineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
 
     @model_validator(mode="before")
     @classmethod

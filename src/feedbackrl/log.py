@@ -95,10 +95,6 @@ class MultiSink:
             s.close()
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
 def progress():
     """A rich progress bar for long work (steps, eval batches)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -8,6 +8,7 @@ from feedbackrl.algos.preference import (
     RANKING_LOSSES,
     dpo_loss,
     ipo_loss,
+    mean_token_logprobs,
     pro_loss,
     sequence_logprobs,
     token_logprobs,
@@ -100,6 +101,30 @@ def test_ipo_hand_computed():
     loss.backward()
     assert logp_c.grad.tolist() == pytest.approx([0.0, -2.0])
     assert stats["pref/reward_margin"].item() == pytest.approx(0.25 * (2 + 0) / 2)
+
+
+def test_mean_token_logprobs_hand_computed():
+    # row 0: tokens -1, -2, -3 (one pad, whose -100 must not count) -> -6 / 3 = -2; row 1: -4 alone -> -4
+    token_lp = torch.tensor([[-1.0, -2.0, -3.0, -100.0], [-4.0, -100.0, -100.0, -100.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    assert mean_token_logprobs(token_lp, mask).tolist() == [-2.0, -4.0]
+    with pytest.raises(ValueError, match="at least one token"):
+        mean_token_logprobs(token_lp, torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0]]))
+
+
+def test_ipo_on_length_averaged_logprobs_hand_computed():
+    # TRL's IPO: one pair, chosen has 4 tokens, rejected 2. Summed log-ratios: chosen +2 (policy -6 vs
+    # reference -8), rejected -1 (policy -5 vs -4). Per-token means: chosen -1.5 vs -2 -> +0.5,
+    # rejected -2.5 vs -2 -> -0.5, so h = 1.0 (summed: h = 3). beta = 0.5 -> target 1/(2*0.5) = 1:
+    #   averaged loss (1 - 1)^2 = 0; summed loss (3 - 1)^2 = 4.
+    mask_c, mask_r = torch.tensor([[1, 1, 1, 1]]), torch.tensor([[1, 1, 0, 0]])
+    pol_c, ref_c = torch.tensor([[-1.0, -2.0, -1.0, -2.0]]), torch.tensor([[-2.0, -2.0, -2.0, -2.0]])
+    pol_r, ref_r = torch.tensor([[-2.0, -3.0, 0.0, 0.0]]), torch.tensor([[-2.0, -2.0, 0.0, 0.0]])
+    averaged = [mean_token_logprobs(x, m) for x, m in ((pol_c, mask_c), (pol_r, mask_r), (ref_c, mask_c),
+                                                      (ref_r, mask_r))]
+    assert ipo_loss(*averaged, beta=0.5)[0].item() == 0.0
+    summed = [(x * m).sum(-1) for x, m in ((pol_c, mask_c), (pol_r, mask_r), (ref_c, mask_c), (ref_r, mask_r))]
+    assert ipo_loss(*summed, beta=0.5)[0].item() == 4.0
 
 
 def test_pro_k3_hand_computed():

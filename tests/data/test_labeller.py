@@ -17,9 +17,9 @@ from feedbackrl.data.labeller import (
     reverse_gold,
     reverse_harm,
     sample_candidates,
-    write_jsonl,
 )
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
+from feedbackrl.data.rows import write_jsonl
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.rewards.verdict import Problem

@@ -1,5 +1,4 @@
 import json
-import sys
 
 import pytest
 
@@ -9,7 +8,6 @@ from feedbackrl.data.preferences import (
     Ranking,
     load_preference_pairs,
     load_rankings,
-    load_rows,
 )
 
 GOOD = {"prompt": "2+2?", "chosen": "4", "rejected": "5", "source": "toy"}
@@ -217,15 +215,13 @@ def test_parquet_round_trip(tmp_path):
     assert [p.chosen for p in pairs] == ["4", "four"]
 
 
-def test_parquet_without_pyarrow_says_to_install_it(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # makes `import pyarrow.parquet` fail
-    with pytest.raises(ImportError, match="pip install pyarrow"):
-        load_rows(tmp_path / "prefs.parquet")
-
-
-def test_unsupported_file_type_names_the_accepted_ones(tmp_path):
-    with pytest.raises(DatasetError, match=r"unsupported file type '\.csv'.*\.jsonl, \.json or \.parquet"):
-        load_rows(tmp_path / "prefs.csv")
+def test_csv_pairs_and_a_missing_file(tmp_path):
+    path = tmp_path / "prefs.csv"
+    path.write_text('prompt,chosen,rejected\n2+2?,4,"5, or so"\n')
+    pairs, _ = load_preference_pairs(path)
+    assert [(p.prompt, p.chosen, p.rejected) for p in pairs] == [("2+2?", "4", "5, or so")]
+    with pytest.raises(DatasetError, match=r"data file '.*nope\.csv' does not exist"):
+        load_preference_pairs(tmp_path / "nope.csv")
 
 
 def test_json_array_file(tmp_path):

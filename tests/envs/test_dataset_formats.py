@@ -107,7 +107,7 @@ def test_dataset_dict_needs_a_split(tmp_path: Path) -> None:
     path = tmp_path / "dd"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS),
                           "test": datasets.Dataset.from_list(ROWS[:2])}).save_to_disk(str(path))
-    with pytest.raises(DatasetError, match=r"has splits \['test', 'train'\]; set task.options.split"):
+    with pytest.raises(DatasetError, match=r"splits \[.test., .train.\]; set the split to one of them"):
         DatasetTask(str(path), "question", "solution")
     task = DatasetTask(str(path), "question", "solution", heldout_fraction=0.0, split="test")
     assert sorted(p.prompt for p in task._train) == ["0+1=", "1+1="]
@@ -116,7 +116,8 @@ def test_dataset_dict_needs_a_split(tmp_path: Path) -> None:
 def test_jsonl_behaviour_is_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "a", "answer": "b"}\n\n[1, 2]\n')
-    with pytest.raises(DatasetError, match=r"row 2 is a list, expected a JSON object"):
+    # rows are numbered as Problem.meta["row"] numbers them: blank lines are not rows
+    with pytest.raises(DatasetError, match=r"row 1 is a list, expected a JSON object"):
         DatasetTask(str(path))
     with pytest.raises(DatasetError, match="does not exist"):
         DatasetTask(str(tmp_path / "nope.jsonl"))

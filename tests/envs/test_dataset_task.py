@@ -43,7 +43,7 @@ def test_column_mapping_fixes_it(tmp_path: Path):
 def test_invalid_json_line_names_the_row(tmp_path: Path):
     lines = rows(2) + ['{"prompt": "1+1=", "answer": ']
     path = write_jsonl(tmp_path / "d.jsonl", lines)
-    with pytest.raises(DatasetError, match="row 2 is not valid JSON"):
+    with pytest.raises(DatasetError, match="line 3 is not valid JSON"):
         DatasetTask(path)
 
 

@@ -14,11 +14,12 @@ from sqlalchemy import select
 from feedbackrl.algos.pair_selection import contrast_pairs
 from feedbackrl.config import load_config
 from feedbackrl.data.labeller import SimulatedLabeller
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.feedback.app import create_app
 from feedbackrl.feedback.client import AdminApi, HttpLabeller
 from feedbackrl.feedback.server import LiveServer
 from feedbackrl.feedback.store import Label, create_labeller, open_db
-from feedbackrl.log import JsonlSink, read_jsonl
+from feedbackrl.log import JsonlSink
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.train.online_labels import Round, choose_pairs, online_loop, summarise
 from feedbackrl.train.run import run

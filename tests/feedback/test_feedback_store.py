@@ -14,8 +14,9 @@ from conftest import count_rows, make_world, pair_rows
 from sqlalchemy import select, text
 
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
+from feedbackrl.data.rows import write_jsonl
 from feedbackrl.feedback import labels as L
-from feedbackrl.feedback.export import export_rows, labelled_pairs, write_jsonl
+from feedbackrl.feedback.export import export_rows, labelled_pairs
 from feedbackrl.feedback.items import add_items, group_samples, sample_items
 from feedbackrl.feedback.store import (
     Base,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections import namedtuple
+from textwrap import dedent
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,11 +18,11 @@ from feedbackrl.rewards import sandbox
 from feedbackrl.rewards.code import (
     BadTests,
     CodeVerifier,
-    decode_value,
     extract_program,
     normalize_output,
     parse_tests,
 )
+from feedbackrl.rewards.sandbox_checks import decode_value
 from feedbackrl.rewards.sandbox_harness import Unencodable, encode
 from feedbackrl.rewards.verdict import Problem
 
@@ -87,20 +88,21 @@ def test_parse_tests_rejects_bad_specs(answer: object) -> None:
         parse_tests(answer)
 
 
-def test_parse_tests_keeps_expected_values_on_the_host() -> None:
-    plan = parse_tests(json.dumps({"asserts": [
-        "assert f(1) == 'SECRET'", "assert [1, 2] == g(2) and h() is None", "assert 0 < f(3) < 2",
-        "x = f(4)\nassert x == 5"]}))
-    assert plan.checks == [
-        [{"eq": ["f(1)", None]}],
-        [{"eq": [None, "g(2)"]}, {"eq": ["h()", None]}],
-        [{"truth": "0 < f(3) < 2"}],
-        [{"stmt": "x = f(4)\nassert x == 5"}],
-    ]
-    assert "SECRET" not in json.dumps(plan.checks)  # what the sandbox sees
-    (op, (_, literal)), = plan.expected[0]
-    assert (op, literal) == ("==", "SECRET")
-    assert [op for op, _ in plan.expected[1]] == ["==", "is"]
+def test_parse_tests_keeps_test_sources_whole() -> None:
+    tests = ["assert f(1) == 'SECRET'", "x = f(4)\nassert x == 5", "def check(c):\n    assert c(1) < 2\ncheck(f)"]
+    plan = parse_tests(json.dumps({"asserts": tests, "io": [{"input": "1\n", "output": "2\n"}]}))
+    assert (plan.asserts, plan.io) == (tests, [("1\n", "2\n")])
+
+
+def test_only_the_program_and_io_inputs_enter_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the runner process is started with (sandbox_judge.Runner's job): code, nonce, mode.
+    # The tests go to the judge, which never hands them to the runner (it exec()s a fresh interpreter).
+    sent = []
+    monkeypatch.setattr("feedbackrl.rewards.code.run_program", lambda program, **kw: sent.append(kw) or {"leaked": 0})
+    CodeVerifier(allow_unsafe=True)(Problem("", {"asserts": ["assert f(1) == 'SECRET'"],
+                                                 "io": [{"input": "in", "output": "SECRET2"}]}), "x = 1")
+    assert [kw.get("inputs") for kw in sent] == [["in"], None]
+    assert sent[1]["tests"] == ["assert f(1) == 'SECRET'"] and "SECRET2" not in repr(sent)
 
 
 @pytest.mark.parametrize("value", [
@@ -219,6 +221,40 @@ def test_assert_styles(verifier: CodeVerifier) -> None:
     program = "def add(a, b):\n    return None if a is None else a + b"
     verdict = verifier(Problem("", tests), program)
     assert verdict.score == 1.0, verdict.details
+
+
+def test_test_shapes_decided_by_the_judge(verifier: CodeVerifier) -> None:
+    program = dedent("""\
+        class Stack:
+            def __init__(self):
+                self.items = []
+            def push(self, x):
+                self.items.append(x)
+            def pop(self):
+                return self.items.pop()
+        def evens(n):
+            return (i for i in range(n) if i % 2 == 0)
+        def parse(s):
+            if not s.isdigit():
+                raise ValueError(s)
+            return int(s)
+        LIMIT = 10
+        """)
+    tests = {"asserts": [
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and s.items == [1]",  # methods on a handle
+        "assert list(evens(5)) == [0, 2, 4]",  # a generator, materialised
+        "try:\n    parse('x')\n    assert False\nexcept ValueError:\n    pass",  # an expected exception
+        "assert 0 <= parse('7') < LIMIT != 3",  # chained comparison, a global value
+        "def check(candidate):\n    assert candidate('12') == 12\ncheck(parse)",
+        "assert parse('1') == 2",  # wrong
+        "assert Stack() == Stack()",  # program objects are not plain data
+        "parse('-')",  # the program's exception is a runtime error
+        "import sys\nsys.exit(0)",  # a test that leaves early has not passed
+    ]}
+    verdict = verifier(Problem("", tests), program)
+    assert [t["reason"] for t in verdict.details["tests"]] == ["ok"] * 5 + ["wrong_output"] * 2 + ["runtime_error"] * 2
+    assert verdict.details["tests"][5]["detail"] == "failed: assert parse('1') == 2"
+    assert verdict.details["tests"][7]["detail"] == "ValueError: ValueError, raised by the program"
 
 
 def test_assert_runtime_error_and_recovery_after_timeout(verifier: CodeVerifier) -> None:

@@ -166,7 +166,9 @@ def leaf_node(name: str, dirs: dict[str, Path]) -> dict[str, Any]:
              "cost": {"path": str(dirs["cost"])}, "code": {"allow_unsafe": True, "timeout_s": 5.0},
              "weighted_sum": {"parts": {"a": {"source": "task"}}},
              "gate": {"gate": {"source": "task"}, "reward": {"source": "task"}},
-             "value_weighted": {"reward": {"source": "task"}, "default_value": 0.5}}
+             "value_weighted": {"reward": {"source": "task"}, "default_value": 0.5},
+             # nothing listens on port 9: the judge answers "unavailable" verdicts (its own tests use a live server)
+             "judge": {"judge_model": "m", "base_url": "http://127.0.0.1:9/v1", "criteria": {"right": "is it right"}}}
     return {"source": name, **nodes.get(name, example_params(name) if name in CHECKERS else {})}
 
 
@@ -196,6 +198,18 @@ def test_code_source_runs_the_tests_in_a_batch() -> None:
     honest, hardcoded, empty = reward([problem] * 3, ["print(2 * int(input()))", "print(4)", ""])
     assert (honest.score, hardcoded.score, empty.score) == (1.0, 0.5, 0.0)
     assert empty.reason == "no program in the completion"
+
+
+def test_code_source_can_forbid_tests_decided_inside_the_sandbox() -> None:
+    if not all(sandbox.probe().values()):
+        pytest.skip(f"sandbox isolation unavailable: {sandbox.probe()}")
+    problem = Problem("apply", {"asserts": ["assert apply(lambda x: x + 1, 2) == 3", "assert apply(abs, -2) == 2"]})
+    program = "def apply(f, x):\n    return f(x)\n"
+    strict = build_reward(RewardConfig(source="code", timeout_s=5.0, sandbox_checks=False), task_verifier)
+    lenient = build_reward(RewardConfig(source="code", timeout_s=5.0), task_verifier)
+    (refused,), (allowed,) = strict([problem], [program]), lenient([problem], [program])
+    assert [t["reason"] for t in refused.details["tests"]] == ["undecidable", "undecidable"]
+    assert (allowed.score, [t["decided"] for t in allowed.details["tests"]]) == (1.0, ["sandbox", "sandbox"])
 
 
 def test_learned_and_cost_sources(model_dirs) -> None:

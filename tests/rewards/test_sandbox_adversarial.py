@@ -55,6 +55,12 @@ def host_unchanged() -> Iterator[None]:
     assert Path("/proc/self/mountinfo").read_text() == mounts, "sandbox mounts leaked to the host"
     stray = {name for name in set(os.listdir("/tmp")) - tmp if "pwned" in name or "sandbox" in name}
     assert not stray, f"files appeared in the host's /tmp: {stray}"
+    assert job_cgroups() == [], "a job's cgroup outlived it"
+
+
+def job_cgroups() -> list[str]:
+    """cgroups the sandbox made for jobs and left behind (it removes each after its job)."""
+    return [str(p) for p in Path("/sys/fs/cgroup").rglob("feedbackrl-*") if p.is_dir()]
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +100,70 @@ def test_fork_bomb_is_contained(verifier: CodeVerifier) -> None:
     assert os.system("true") == 0  # the host can still start processes
 
 
+MEMFD_BOMB = dedent("""\
+    import os
+    files = []
+    while True:  # one in-memory file after another, each up to the file-size limit
+        files.append(os.memfd_create('x'))
+        try:
+            while True:
+                os.write(files[-1], b'x' * 2**20)
+        except OSError as e:
+            if e.errno != 27:  # EFBIG: this file is full, start the next
+                raise
+    """)
+SHM_BOMB = dedent("""\
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    while True:  # 64 MiB segments, touched page by page: no mapping of ours counts them
+        shm = libc.shmget(0, 64 << 20, 0o1600)
+        addr = libc.shmat(shm, None, 0)
+        ctypes.memset(addr, 1, 64 << 20)
+        libc.shmdt(ctypes.c_void_p(addr))
+    """)
+
+
+@pytest.fixture(scope="module")
+def patient_verifier() -> CodeVerifier:
+    # A deadline far beyond what any bomb below needs (well under a second of CPU), so the
+    # verdict is decided by the memory limit alone, however loaded the machine is.
+    return CodeVerifier(timeout_s=60.0, memory_mb=256, max_output_bytes=100_000)
+
+
 @pytest.mark.parametrize("program", [
     pytest.param("x = bytearray(10**10)", id="one-huge-allocation"),
     pytest.param("x = []\nwhile True:\n    x.append(' ' * 10**6)", id="gradual-growth"),
     pytest.param("import threading\nthreads = [threading.Thread(target=lambda: bytearray(10**9))"
                  " for _ in range(8)]\n[t.start() for t in threads]\n[t.join() for t in threads]\n"
                  "raise MemoryError", id="allocating-threads"),
+    pytest.param(MEMFD_BOMB, id="memfd"),
+    pytest.param(SHM_BOMB, id="sysv-shm"),
 ])
-def test_memory_bombs_hit_the_limit(verifier: CodeVerifier, program: str) -> None:
-    assert reason(run_io(verifier, program)) == "memory"
+def test_memory_bombs_hit_the_limit(patient_verifier: CodeVerifier, program: str) -> None:
+    if program in (MEMFD_BOMB, SHM_BOMB) and not sandbox.cgroup_available():
+        pytest.skip("no memory cgroup here: in-memory files and shared memory are not counted")
+    verdict = run_io(patient_verifier, program)
+    assert (reason(verdict), verdict.score) == ("memory", 0.0), verdict.details
+
+
+def test_ipc_objects_do_not_outlive_a_test(verifier: CodeVerifier) -> None:
+    # Two io tests, two runners: the first leaves a SysV message queue and shared memory segment
+    # under a fixed key; in the second they are gone (each run has its own IPC namespace).
+    program = dedent("""\
+        import ctypes, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        first = sys.stdin.read() == 'first'
+        flags = 0o1600 if first else 0o600  # IPC_CREAT the first time only
+        queue, shm = libc.msgget(4242, flags), libc.shmget(4243, 4096, flags)
+        if first:
+            msg = ctypes.create_string_buffer(b'\\1\\0\\0\\0\\0\\0\\0\\0secret', 16)
+            libc.msgsnd(queue, msg, 6, 0)
+        print(queue >= 0, shm >= 0)
+        """)
+    io = [{"input": "first", "output": "True True\n"}, {"input": "second", "output": "False False\n"}]
+    verdict = verifier(Problem("", {"io": io}), program)
+    assert verdict.score == 1.0, verdict.details
 
 
 @pytest.mark.parametrize(("program", "stream"), [
@@ -147,15 +208,113 @@ def test_cannot_write_outside_the_work_dir(verifier: CodeVerifier) -> None:
     assert not any(os.path.exists(path) for path in targets)
 
 
-def test_runs_unprivileged_with_root_and_home_hidden(verifier: CodeVerifier) -> None:
+def test_runs_unprivileged_in_a_root_built_from_an_allowlist(verifier: CodeVerifier) -> None:
     # /root keeps only the way to the Python install, if that lives there (pyenv does).
     python = Path(sys.base_prefix).resolve().parts
     root = [python[2]] if python[:2] == ("/", "root") else []
     program = ("import os\nprint(os.getuid() != 0, os.getgid() != 0, os.getgroups())\n"
-               "print(os.listdir('/root'), os.listdir('/home'))\n"
+               "top = set(os.listdir('/'))\n"
+               "print(sorted(top & {'etc', 'var', 'run', 'srv', 'home', 'mnt', 'opt', 'sys', 'work', 'boot'}))\n"
+               "print(sorted(top & {'dev', 'proc', 'tmp'}), os.listdir('/root') if 'root' in top else [])\n"
                "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n")
-    verdict = run_io(verifier, program, expected=f"True True []\n{root} []\n['1', '2']\n")
+    verdict = run_io(verifier, program, expected=f"True True []\n[]\n['dev', 'proc', 'tmp'] {root}\n['1', '2']\n")
     assert verdict.score == 1.0, verdict.details  # /proc shows only the judge (1) and itself (2)
+
+
+def test_host_files_and_paths_are_out_of_sight(verifier: CodeVerifier) -> None:
+    # World-readable files a program could otherwise read: a planted answer file, the project's
+    # own files, the install path through the judge's command line.
+    # The interpreter's own site-packages is covered by an empty folder; a venv's is not there at all.
+    site_packages = sorted({str(Path(p).resolve()) for p in sys.path if p.endswith("-packages") and os.path.isdir(p)}
+                           | {str(Path(os.__file__).resolve().parent / "site-packages")})
+    planted = [Path(f"/var/tmp/pwned_answer_{uuid.uuid4().hex}"), REPO / f"pwned_answer_{uuid.uuid4().hex}",
+               Path(f"/tmp/pwned_answer_{uuid.uuid4().hex}")]
+    for path in planted:
+        path.write_text("42")
+        path.chmod(0o644)
+    program = dedent(f"""\
+        import os
+        for path in {[str(p) for p in planted] + [str(REPO / "pyproject.toml"), "/etc/passwd"]!r}:
+            try:
+                print(open(path).read())
+            except OSError as e:
+                print('hidden' if e.errno == 2 else e.errno)
+        print({str(REPO)!r}.encode() in open('/proc/1/cmdline', 'rb').read() + open('/proc/self/cmdline', 'rb').read())
+        for path in {site_packages!r}:  # where a project (and its data) may be installed
+            print(os.listdir(path) if os.path.isdir(path) else 'hidden')
+        """)
+    shown = ["[]" if Path(p).resolve().parent == Path(os.__file__).resolve().parent else "hidden"
+             for p in site_packages]
+    try:
+        verdict = run_io(verifier, program, expected="hidden\n" * 5 + "False\n" + "".join(x + "\n" for x in shown))
+    finally:
+        for path in planted:
+            path.unlink()
+    assert verdict.score == 1.0, verdict.details
+
+
+def test_unix_sockets_at_host_paths_are_unreachable(verifier: CodeVerifier) -> None:
+    path = f"/tmp/pwned_sock_{uuid.uuid4().hex}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    server.settimeout(0.2)
+    program = dedent(f"""\
+        import socket
+        for address in ({path!r}, '\\0feedbackrl-abstract'):
+            try:
+                socket.socket(socket.AF_UNIX).connect(address)
+                print('connected')
+            except OSError:
+                print('blocked')
+        """)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\0feedbackrl-abstract")
+    abstract.listen()
+    try:
+        verdict = run_io(verifier, program, expected="blocked\nblocked\n")
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+        abstract.close()
+        os.unlink(path)
+    assert verdict.score == 1.0, verdict.details
+
+
+def test_seccomp_refuses_kernel_surface_a_program_has_no_use_for(verifier: CodeVerifier) -> None:
+    if sandbox.sandbox_seccomp.bpf()[0] is None:
+        pytest.skip(f"no seccomp filter here: {sandbox.sandbox_seccomp.bpf()[1]}")
+    # Without the filter: io_uring_setup(1, NULL) -> EFAULT (14), add_key(...) -> EINVAL (22), and a
+    # user namespace (unshare(CLONE_NEWUSER)) succeeds (0). With it, each is EPERM (1).
+    program = dedent("""\
+        import ctypes, os, threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        err = lambda r: ctypes.get_errno() if r == -1 else 0
+        print(err(libc.syscall(425, 1, None)), err(libc.syscall(248, b'user', b'x', None, 0, -2)),
+              err(libc.unshare(0x10000000)))
+        t = threading.Thread(target=print, args=('threads work',))
+        t.start()
+        t.join()
+        if os.fork() == 0:
+            os._exit(0)
+        print('fork works', os.wait()[1])
+        """)
+    verdict = run_io(verifier, program, expected="1 1 1\nthreads work\nfork works 0\n")
+    assert verdict.score == 1.0, verdict.details
+
+
+def test_without_a_cgroup_jobs_run_and_the_log_says_why(verifier: CodeVerifier, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(sandbox.sandbox_cgroup, "create", lambda *a: (None, "no cgroup v2 here (test)"))
+    monkeypatch.setattr(sandbox, "_CGROUP_WARNED", [])
+    with caplog.at_level("WARNING", logger="feedbackrl.rewards.sandbox"):
+        verdict = verifier(Problem("", ADD_TESTS), GOLD_ADD)
+    assert verdict.score == 1.0, verdict.details
+    assert [r.getMessage() for r in caplog.records] == [
+        "sandbox: no cgroup for the job's memory and processes (no cgroup v2 here (test)); falling back to "
+        "rlimits, which do not count in-memory files or shared memory"]
 
 
 def test_inherited_secrets_are_invisible(verifier: CodeVerifier, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,3 +481,151 @@ def test_benign_programs_still_pass_next_to_attacks(verifier: CodeVerifier) -> N
     completions = [GOLD_ADD, "while True:\n    pass", GOLD_ADD, "import os\nos._exit(0)"]
     verdicts = verifier.batch([Problem("", ADD_TESTS)] * 4, completions, workers=2)
     assert [v.score for v in verdicts] == [1.0, 0.0, 1.0, 0.0]
+
+
+# ------------------------------------------- checks decided outside the program: each cheat class
+
+SECRET = f"secret-{uuid.uuid4().hex}"
+CHECK_BLOCK = {"asserts": [dedent(f"""\
+    def check(candidate):
+        assert candidate(1, 2) == 3
+        assert candidate(2, 2) != 5
+        assert 0 < candidate(0, 1) <= 1
+        assert candidate(-1, 1) in (0, None)
+        assert abs(candidate(0.1, 0.2) - 0.3) < 1e-9
+        for a, b in [(3, 4), (10, -2)]:
+            assert candidate(a, b) == a + b
+        assert candidate('a', 'b') == {SECRET!r}[:0] + 'ab'
+    check(add)
+    """)]}
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("class Eq:\n    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = lambda s, o: True\n"
+                 "    __bool__ = lambda s: True\n    __contains__ = lambda s, o: True\n"
+                 "    __sub__ = __rsub__ = __abs__ = __add__ = __radd__ = lambda s, *o: s\n"
+                 "    __hash__ = None\ndef add(a, b):\n    return Eq()", id="always-equal"),
+    pytest.param("class Eq(int):\n    __eq__ = __ne__ = __lt__ = __le__ = lambda s, o: True\n"
+                 "    __hash__ = int.__hash__\ndef add(a, b):\n    return Eq(0)", id="int-subclass-always-equal"),
+    pytest.param("class Eq(str):\n    __eq__ = __ne__ = lambda s, o: True\n    __hash__ = str.__hash__\n"
+                 "def add(a, b):\n    return Eq('x')", id="str-subclass-always-equal"),
+])
+def test_always_equal_objects_pass_no_check_block(verifier: CodeVerifier, program: str) -> None:
+    verdict = verifier(Problem("", CHECK_BLOCK), program)
+    assert verdict.score == 0.0, verdict.details
+    entry = verdict.details["tests"][0]
+    assert (entry["reason"], entry["decided"]) == ("wrong_output", "judge"), entry
+    assert verifier(Problem("", CHECK_BLOCK), GOLD_ADD).score == 1.0
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param("import math\nmath.isclose = lambda *a, **k: True\nmath.pi = 3", id="patch-math"),
+    pytest.param("import sys, types\nfake = types.ModuleType('math')\nfake.isclose = lambda *a, **k: True\n"
+                 "fake.pi = 3\nsys.modules['math'] = fake", id="fake-module-in-sys-modules"),
+    pytest.param("import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
+                 "builtins.AssertionError = KeyError", id="patch-builtins"),
+])
+def test_stdlib_monkeypatching_does_not_reach_the_checks(verifier: CodeVerifier, program: str) -> None:
+    tests = {"asserts": ["import math\nassert math.isclose(area(1), math.pi)",
+                         "assert abs(area(2) - 12.566370614359172) < 1e-9",
+                         "assert isinstance(area(1), float) and area(1) > 3.1"]}
+    wrong = program + "\ndef area(r):\n    return 3\n"
+    verdict = verifier(Problem("", tests), wrong)
+    assert verdict.score == 0.0, verdict.details
+    assert [t["reason"] for t in verdict.details["tests"]] == ["wrong_output"] * 3
+    right = program + "\nimport math as m\ndef area(r):\n    return 3.141592653589793 * r * r\n"
+    assert verifier(Problem("", tests), right).score == 1.0
+
+
+def test_test_literals_are_nowhere_in_the_program_s_reach(patient_verifier: CodeVerifier) -> None:
+    # The program looks for the expected value everywhere it can read: the frames above its
+    # call, every object on its heap, its own memory, the judge's memory and command line. (The
+    # long deadline: scanning its memory takes a while on a loaded machine.)
+    program = dedent("""\
+        import gc, os, re, sys
+        def find():
+            pattern = re.compile(rb'secret-[0-9a-f]{32}')
+            frame, seen = sys._getframe(), []
+            while frame is not None:
+                seen += [repr(frame.f_locals), repr(frame.f_code.co_consts)]
+                frame = frame.f_back
+            seen += [repr(o)[:10000] for o in gc.get_objects() if isinstance(o, (str, dict, tuple, list))]
+            blob = '\\n'.join(seen).encode()
+            for pid in ('self', '1'):
+                for name in ('cmdline', 'environ'):
+                    try:
+                        blob += open(f'/proc/{pid}/{name}', 'rb').read()
+                    except OSError:
+                        pass
+                try:
+                    mem = open(f'/proc/{pid}/mem', 'rb')
+                    for line in open(f'/proc/{pid}/maps'):
+                        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
+                        if 'r' in line.split()[1] and hi - lo < 1 << 28:
+                            try:
+                                mem.seek(lo)
+                                blob += mem.read(hi - lo)
+                            except (OSError, OverflowError, ValueError):
+                                pass
+                except OSError:
+                    pass
+            found = pattern.search(blob)
+            return found.group().decode() if found else 'nothing'
+        def add(a, b):
+            return find()
+        """)
+    verdict = patient_verifier(Problem("", {"asserts": [f"assert add(1, 2) == {SECRET!r}"]}), program)
+    assert verdict.score == 0.0, verdict.details
+    assert verdict.details["tests"][0]["detail"] == f"failed: assert add(1, 2) == {SECRET!r}"
+    probe = patient_verifier(Problem("", {"asserts": ["assert add(1, 2) == 'nothing'"]}), program)
+    assert probe.score == 1.0, probe.details  # the search ran to the end and found nothing
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param(dedent("""\
+        import gc, os
+        report = next(f for f in gc.get_objects() if getattr(f, '__qualname__', '') == 'run.<locals>.report')
+        for seq in range(1, 50):
+            report(f'R {seq} v true')
+        """), id="forge-replies-through-gc"),
+    pytest.param(dedent("""\
+        import sys
+        def tracer(frame, event, arg):
+            if frame.f_code.co_name == '_serve' and event == 'line':
+                frame.f_locals.clear()
+            return tracer
+        sys.settrace(tracer)
+        """), id="settrace-on-the-harness"),
+    pytest.param(dedent("""\
+        import sys, os
+        def add(a, b):
+            frame = sys._getframe(1)
+            while frame is not None:  # climb to the harness and rewrite what it is about to send
+                if 'report' in frame.f_locals:
+                    frame.f_locals['report']('R 99 v true')
+                    nonce = frame.f_globals.get('nonce')
+                frame = frame.f_back
+            os.write(3, b'L [\"l\"]\\n')
+            return True
+        """), id="forge-through-frames"),
+])
+def test_forged_reports_decide_nothing(verifier: CodeVerifier, program: str) -> None:
+    tests = {"asserts": [f"assert add(1, 2) == {SECRET!r}", "assert add(2, 2) == 4 and add(0, 0) == 0",
+                         "assert add(1, 1) == 2"]}
+    verdict = verifier(Problem("", tests), WRONG_ADD + program)
+    assert verdict.score == 0.0, verdict.details
+    assert all(t["decided"] == "judge" for t in verdict.details["tests"] if "decided" in t)
+
+
+def test_undecidable_tests_are_marked_and_can_be_forbidden(verifier: CodeVerifier) -> None:
+    # A test that hands the program a function: the judge cannot call into it with plain data.
+    tests = {"asserts": ["assert apply(lambda x: x + 1, 2) == 3", "assert apply(abs, -2) == 2"]}
+    program = "def apply(f, x):\n    return f(x)\n"
+    verdict = verifier(Problem("", tests), program)
+    assert verdict.score == 1.0, verdict.details
+    assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
+    strict = CodeVerifier(timeout_s=1.0, memory_mb=256, sandbox_checks=False)
+    verdict = strict(Problem("", tests), program)
+    assert verdict.score == 0.0
+    assert [t["reason"] for t in verdict.details["tests"]] == ["undecidable"] * 2
+    assert "not plain data" in verdict.details["tests"][0]["detail"]

@@ -93,3 +93,56 @@ def test_a_bad_constraints_cell_fails_at_load_naming_the_row(tmp_path: Path) -> 
     with pytest.raises(DatasetError, match=r"row 3 column 'constraints': constraint #0: unknown constraint id "
                                            r"'no_comas'; allowed: \["):
         make_task(build_config(recipe(data)).task)
+
+
+RECIPE = """
+[task]
+name = "dataset"
+heldout_size = 4
+options = {{ path = "{data}", verifier = "math", meta_fields = ["constraints"] }}
+
+[rollout]
+prompts_per_step = 4
+group_size = 4
+max_new_tokens = 3
+
+[algo]
+name = "grpo"
+steps = 2
+
+[train]
+threads = 1
+
+[reward]
+source = "gate"
+gate = {{ source = "regex", pattern = '\\d', mode = "search" }}
+
+[reward.reward]
+source = "weighted_sum"
+parts.math = {{ source = "math", weight = 2 }}
+parts.short = {{ source = "length_chars", relation = "at most", num = 2 }}
+parts.commas = {{ source = "no_commas" }}
+"""
+
+
+def test_feedbackrl_train_on_a_recipe_with_a_composed_reward(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from feedbackrl.cli import app
+    from feedbackrl.data.rows import read_jsonl
+
+    recipe = tmp_path / "composed.toml"
+    recipe.write_text(RECIPE.format(data=write_rows(tmp_path / "add.jsonl")))
+    result = CliRunner().invoke(app, ["train", str(recipe), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    rl = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r.get("phase") == "rl"]
+    assert [r["step"] for r in rl] == [1, 2]
+    for r in rl:
+        # a closed gate scores 0 and an open one at most 1, so the mean is at most the gate's pass rate; the
+        # inner reward's mean is over open completions only
+        assert 0 <= r["reward/mean"] <= r["reward/gate/pass_rate"] <= 1
+        assert r["reward/mean"] == pytest.approx(r["reward/gate/pass_rate"] * r["reward/reward/mean"])
+    assert any(r["reward/gate/pass_rate"] > 0 for r in rl), "no completion opened the gate"
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["reward"]["reward"]["parts"]["short"] == {"source": "length_chars", "relation": "at most",
+                                                            "num": 2}

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from feedbackrl.config import build_config
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.registry import make_task
-from feedbackrl.log import JsonlSink, read_jsonl
+from feedbackrl.log import JsonlSink
 from feedbackrl.models.tiny import build_model, build_tokenizer
 from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.run import run_eval

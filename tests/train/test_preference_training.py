@@ -53,18 +53,18 @@ def test_dpo_reference_logprobs_are_computed_once(tiny_model_dir):
     assert len(policy_calls) == 9  # 3 epochs x ceil(10 / 4) batches, one forward each
 
 
-def test_dpo_without_a_reference_uses_the_policy_before_training(tiny_model_dir):
+def test_dpo_without_a_reference_uses_the_policy_before_training(tiny_model_dir, monkeypatch):
     policy, tok = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     items = preference.as_ranked(reverse_pairs(6))
     expected = preference.reference_logprobs(load_policy(str(tiny_model_dir)), tok, items)
     seen = {}
     original = preference.reference_logprobs
 
-    def spy(reference, tokenizer, data, batch_size=256):
-        seen["ref"] = original(reference, tokenizer, data, batch_size)
+    def spy(reference, tokenizer, data, batch_size=256, average=False):
+        seen["ref"] = original(reference, tokenizer, data, batch_size, average)
         return seen["ref"]
 
-    pytest.MonkeyPatch().setattr(preference, "reference_logprobs", spy)
+    monkeypatch.setattr(preference, "reference_logprobs", spy)
     preference.train_dpo(DPOConfig(epochs=1, batch_size=6), policy, tok, reverse_pairs(6), 0, MemorySink())
     torch.testing.assert_close(seen["ref"], expected)
 
@@ -225,3 +225,19 @@ def test_gold_comparison_counts_wins_and_ties(monkeypatch, peaked_lm, tokenizer)
     # copies of abcd and hgcaf: 0.8 * 0/4 and 0.8 * 1/5 (the middle letter) -> mean 0.08
     assert got["baseline_gold_mean"] == pytest.approx(0.08)
     assert reverse_gold(Problem("x=", "dcba", {}), "abcd") == 0.0
+
+
+def test_length_averaged_ipo_feeds_per_token_means(tiny_model_dir):
+    """algo.length_average: each response's log-prob is its sum over its own tokens divided by their count
+    (responses of different lengths in one padded batch), for the policy and the reference alike."""
+    model, tok = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    items = [("reverse abc:", ["cba", "cbaxyz"]), ("reverse hello:", ["olleh", "o"])]
+    summed, mask = preference.ranked_logprobs(model, tok, items)
+    averaged, _ = preference.ranked_logprobs(model, tok, items, average=True)
+    # a response's tokens are its characters plus EOS (char tokenizer)
+    counts = torch.tensor([[len(r) + 1 for r in rs] for _, rs in items], dtype=torch.float)
+    torch.testing.assert_close(averaged, summed / counts)
+    torch.testing.assert_close(preference.reference_logprobs(model, tok, items, average=True), averaged)
+    with pytest.raises(ValueError, match="length_average is TRL's form of loss = 'ipo'"):
+        DPOConfig(loss="dpo", length_average=True)
+    assert DPOConfig(loss="ipo", length_average=True).length_average

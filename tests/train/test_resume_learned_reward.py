@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from feedbackrl.config import build_config
-from feedbackrl.log import read_jsonl
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.train.run import run
 
 

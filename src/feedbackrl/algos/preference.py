@@ -17,10 +17,11 @@ h = (logp_c - ref_logp_c) - (logp_r - ref_logp_r), the policy's log-ratio margin
   s_i = beta * (logp_i - ref_logp_i). With k = 2 it is exactly DPO.
 
 Departures:
-- IPO normalisation: we use summed sequence log-probs, as in the paper's definition of h. TRL
-  (and the authors' later advice) average the log-probs over tokens for IPO, which makes the
-  target margin 1/(2*beta) independent of length; to get that variant, pass
-  `sequence_logprobs(...) / mask.sum(-1)` for all four inputs. beta must then be re-tuned.
+- IPO normalisation: by default we use summed sequence log-probs, as in the paper's definition
+  of h. TRL (`DPOTrainer`, loss_type "ipo") and the authors' later advice average the log-probs
+  over response tokens instead, which makes the target margin 1/(2*beta) independent of length;
+  `mean_token_logprobs` gives those inputs (config: `algo.length_average = true`), and with them a
+  beta tuned in TRL carries over unchanged. The two forms need different betas.
 - PRO: Song et al. score a candidate by its length-normalised policy log-prob with a dynamic,
   reward-gap-dependent temperature and add an SFT term on the best response. We use DPO's
   implicit reward beta * log(pi/pi_ref) as the score (the Plackett-Luce form of DPO, Rafailov et
@@ -64,6 +65,18 @@ def sequence_logprobs(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), lp, torch.zeros_like(lp)).sum(dim=-1)
 
 
+def mean_token_logprobs(token_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """token_logprobs (N, T), mask (N, T) = 1 on response tokens -> (N,) mean log-prob per response token.
+
+    TRL's IPO input (`all_logps / size_completion`). Every row needs at least one response token.
+    """
+    counts = mask.sum(dim=-1)
+    if (counts <= 0).any():
+        raise ValueError(f"every response needs at least one token to average over; token counts {counts.tolist()}")
+    lp = torch.where(mask.bool(), token_logprobs.float(), torch.zeros_like(token_logprobs, dtype=torch.float))
+    return lp.sum(dim=-1) / counts
+
+
 def _check_pair_shapes(*xs: Tensor) -> None:
     shapes = {tuple(x.shape) for x in xs}
     if len(shapes) != 1 or xs[0].dim() != 1:
@@ -103,8 +116,8 @@ def dpo_loss(logprobs_chosen: Tensor, logprobs_rejected: Tensor, ref_logprobs_ch
 
 def ipo_loss(logprobs_chosen: Tensor, logprobs_rejected: Tensor, ref_logprobs_chosen: Tensor,
              ref_logprobs_rejected: Tensor, beta: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
-    """All inputs (N,) sequence log-probs (summed; see the module docstring for the averaged
-    variant). beta is IPO's tau. Returns mean over pairs of (h - 1/(2*beta))^2, and stats."""
+    """All inputs (N,) sequence log-probs: summed (the paper) or per-token means from
+    `mean_token_logprobs` (TRL). beta is IPO's tau. Returns mean over pairs of (h - 1/(2*beta))^2, and stats."""
     _check_pair_shapes(logprobs_chosen, logprobs_rejected, ref_logprobs_chosen, ref_logprobs_rejected)
     if beta <= 0:
         raise ValueError(f"beta (IPO's tau) must be > 0; got {beta}")

@@ -25,33 +25,27 @@ The prompt text is the prefix rendered with the generation prompt (``<|assistant
 response text is the rest of the rendered conversation. A chat template usually emits special
 tokens (BOS) as text, so tokenize these strings with ``add_special_tokens=False``.
 
-Rows come from JSONL/JSON, Parquet (needs pyarrow), a `datasets.Dataset` or any iterable of
-dicts. A bad row (missing column, wrong type, empty response, identical responses) becomes a
-`RowIssue` with its 0-based row index and the columns it has; ``on_bad_row="fail"`` raises a
+Rows come from any source `data.rows.read_rows` reads: JSONL/JSON, Parquet, CSV, a saved
+`datasets` directory, a `datasets.Dataset` or any iterable of dicts. A bad row (missing column,
+wrong type, empty response, identical responses, a line that is not JSON) becomes a `RowIssue`
+with its 0-based row index and the columns it has; ``on_bad_row="fail"`` raises a
 `DatasetError` listing the first few, ``"drop"`` skips them. Loaders always return
 ``(items, dropped_issues)``; in fail mode the list is empty.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
+from feedbackrl.data.rows import BadLine, DatasetError, read_rows
+
 Messages = list[dict[str, str]]
 OnBadRow = Literal["fail", "drop"]
 SHOWN_ISSUES = 5
 T = TypeVar("T")
-
-
-class DatasetError(ValueError):
-    """The data cannot be used as given; the message names rows, columns and the fix."""
-
-    def __init__(self, message: str, issues: Iterable[RowIssue] = ()) -> None:
-        super().__init__(message)
-        self.issues = list(issues)
 
 
 @dataclass(frozen=True)
@@ -96,42 +90,7 @@ class _BadRow(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class _UnparsableLine:
-    lineno: int
-    error: str
-
-
 # --- loading ----------------------------------------------------------------------------------
-
-
-def load_rows(source: str | Path | Iterable[Any]) -> list[Any]:
-    """A .jsonl/.json/.parquet path, a `datasets.Dataset` or an iterable of dicts -> list of rows."""
-    if not isinstance(source, str | Path):
-        return list(source)
-    path = Path(source)
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:
-            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow "
-                              "(or convert the file to JSONL)") from e
-        return pq.read_table(path).to_pylist()
-    if suffix not in (".jsonl", ".json"):
-        raise DatasetError(f"unsupported file type {suffix!r} for {path}: use .jsonl, .json or .parquet")
-    text = path.read_text(encoding="utf-8")
-    if suffix == ".json" and text.lstrip().startswith("["):
-        return json.loads(text)
-    rows: list[Any] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            rows.append(_UnparsableLine(lineno, e.msg))
-    return rows
 
 
 def _collect(rows: Iterable[Any], parse: Callable[[Mapping[str, Any], int], T],
@@ -144,7 +103,7 @@ def _collect(rows: Iterable[Any], parse: Callable[[Mapping[str, Any], int], T],
     for i, row in enumerate(rows):
         columns = tuple(str(k) for k in row) if isinstance(row, Mapping) else ()
         try:
-            if isinstance(row, _UnparsableLine):
+            if isinstance(row, BadLine):
                 raise _BadRow(f"invalid JSON on line {row.lineno}: {row.error}")
             if not isinstance(row, Mapping):
                 raise _BadRow(f"row is a {type(row).__name__}, not a mapping of column -> value")
@@ -163,13 +122,15 @@ def load_preference_pairs(source: str | Path | Iterable[Any], on_bad_row: OnBadR
                           tokenizer: ChatTokenizer | None = None
                           ) -> tuple[list[PreferencePair], list[RowIssue]]:
     """Rows in any accepted pair format -> (pairs, dropped issues). See the module docstring."""
-    return _collect(load_rows(source), lambda row, i: parse_pair(row, i, tokenizer), on_bad_row, "preference")
+    return _collect(read_rows(source, bad_lines="keep"), lambda row, i: parse_pair(row, i, tokenizer), on_bad_row,
+                    "preference")
 
 
 def load_rankings(source: str | Path | Iterable[Any], on_bad_row: OnBadRow = "fail",
                   tokenizer: ChatTokenizer | None = None) -> tuple[list[Ranking], list[RowIssue]]:
     """Rows with prompt + responses (best first) or responses + ranks -> (rankings, dropped issues)."""
-    return _collect(load_rows(source), lambda row, i: parse_ranking(row, i, tokenizer), on_bad_row, "ranking")
+    return _collect(read_rows(source, bad_lines="keep"), lambda row, i: parse_ranking(row, i, tokenizer),
+                    on_bad_row, "ranking")
 
 
 # --- fields and chat --------------------------------------------------------------------------

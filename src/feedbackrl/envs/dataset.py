@@ -26,116 +26,27 @@ deterministic, which holds for exact and math, and for code whose tests are.
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from feedbackrl.data.rows import DatasetError, read_rows, source_label
 from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
 
 _CACHE_SIZE = 50_000
 
 
-class DatasetError(ValueError):
-    """A dataset file or row that cannot be used; the message names the row and columns."""
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file (one JSON object per line; blank lines skipped, still counted)."""
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}: row {i} is not valid JSON ({e.msg})") from None
+def read_task_rows(source: Any, split: str | None = None) -> list[dict[str, Any]]:
+    """Rows of a task's data source (`data.rows.read_rows`); every row must be an object."""
+    rows = read_rows(source, split)
+    for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise DatasetError(f"{path}: row {i} is a {type(row).__name__}, expected a JSON object")
-        rows.append(row)
-    return rows
-
-
-def read_parquet(path: Path) -> list[dict[str, Any]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_table(path).to_pylist()
-    except (pa.ArrowException, OSError) as e:
-        raise DatasetError(f"{path}: not a readable Parquet file ({e})") from None
-
-
-def read_csv(path: Path) -> list[dict[str, Any]]:
-    """Rows of a CSV file with a header row; every value is a string."""
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        rows = []
-        for i, row in enumerate(reader):
-            if None in row or None in row.values():  # DictReader's marks for too many / too few fields
-                n = len(header) + len(row[None]) if None in row else sum(v is not None for v in row.values())
-                raise DatasetError(f"{path}: row {i} has {n} fields but the header has {len(header)}: {header}")
-            rows.append(row)
-    return rows
-
-
-READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {".parquet": read_parquet, ".csv": read_csv}
-
-
-def rows_of_hf(data: Any, source: str, split: str | None = None) -> list[dict[str, Any]]:
-    """Rows of a `datasets.Dataset`, or of one split of a `datasets.DatasetDict`."""
-    if isinstance(data, dict):  # DatasetDict is a dict of splits
-        if split not in data:
-            raise DatasetError(f"{source}: has splits {sorted(data)}; set task.options.split to one of them"
-                               + (f" (got {split!r})" if split is not None else ""))
-        data = data[split]
-    if not hasattr(data, "to_list"):
-        raise DatasetError(f"{source}: expected a file path, a saved dataset directory or a datasets.Dataset, "
-                           f"got {type(data).__name__}")
-    return data.to_list()
-
-
-def load_saved_dataset(path: Path, split: str | None) -> list[dict[str, Any]]:
-    """Rows of a directory written by `save_to_disk` (local only: `load_from_disk` never downloads)."""
-    try:
-        import datasets
-    except ImportError:
-        raise DatasetError(f"{path} is a directory; reading saved datasets needs `pip install datasets`") from None
-    try:
-        data = datasets.load_from_disk(str(path))
-    except FileNotFoundError as e:
-        raise DatasetError(f"{path} is a directory but not a dataset written by save_to_disk ({e})") from None
-    return rows_of_hf(data, str(path), split)
-
-
-def source_label(source: Any) -> str:
-    """How error messages name a source: its path, or the kind of in-memory dataset."""
-    if isinstance(source, str | Path):
-        return str(source)
-    rows = getattr(source, "num_rows", None)
-    return f"<{type(source).__name__} with {rows} rows>" if isinstance(rows, int) else f"<{type(source).__name__}>"
-
-
-def read_rows(path: Any, split: str | None = None) -> list[dict[str, Any]]:
-    """Rows of a JSONL/Parquet/CSV file, a saved dataset directory or a `datasets.Dataset`."""
-    if not isinstance(path, str | Path):
-        rows = rows_of_hf(path, source_label(path), split)
-    else:
-        path = Path(path)
-        if path.is_dir():
-            rows = load_saved_dataset(path, split)
-        elif not path.is_file():
-            raise DatasetError(f"dataset file {str(path)!r} does not exist")
-        else:
-            rows = READERS.get(path.suffix.lower(), read_jsonl)(path)
-    if not rows:
-        raise DatasetError(f"dataset file {source_label(path)!r} has no rows")
+            raise DatasetError(f"{source_label(source)}: row {i} is a {type(row).__name__}, expected a JSON object "
+                               "(named columns)")
     return rows
 
 
@@ -226,7 +137,7 @@ class DatasetTask(Task):
             raise DatasetError(f"unknown verifier {self.verifier!r}; choose one of {sorted(VERIFIERS)}")
         self._verify = VERIFIERS[self.verifier](**self.verifier_options)
         label = source_label(self.path)
-        problems = [self._problem(i, row, label) for i, row in enumerate(read_rows(self.path, self.split))]
+        problems = [self._problem(i, row, label) for i, row in enumerate(read_task_rows(self.path, self.split))]
         order = list(range(len(problems)))
         random.Random(0).shuffle(order)
         n_held = int(round(len(problems) * self.heldout_fraction))

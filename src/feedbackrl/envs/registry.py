@@ -4,7 +4,10 @@
 - reverse: `procedural.reverse.ReverseTask` (the demo task)
 - dataset: `dataset.DatasetTask` (JSONL/Parquet/CSV/saved `datasets`; verifier exact, math or code)
 - reasoning_gym: `reasoning_gym.ReasoningGymTask` (any reasoning-gym generator, `dataset` + `config`)
+- planted_reverse: `planted.PlantedReverse` (a proxy reward with a known loophole, and a hidden gold check)
 - adaptive_addition, adaptive_reverse, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
+- calculator_addition: `calculator.CalculatorAdditionTask` (episodes with a calculator tool)
+- guess_number: `guess.GuessNumberTask` (episodes: find a hidden number from higher/lower feedback)
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from typing import Any
 from feedbackrl.config import ConfigError, TaskConfig
 from feedbackrl.envs.adaptive import adaptive_addition, adaptive_reasoning_gym, adaptive_reverse
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.calculator import CalculatorAdditionTask
 from feedbackrl.envs.dataset import DatasetError, DatasetTask
+from feedbackrl.envs.guess import GuessNumberTask
+from feedbackrl.envs.planted import PlantedReverse
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
@@ -30,6 +36,9 @@ TASKS: dict[str, Callable[..., Task]] = {
     "adaptive_addition": adaptive_addition,
     "adaptive_reasoning_gym": adaptive_reasoning_gym,
     "adaptive_reverse": adaptive_reverse,
+    "planted_reverse": PlantedReverse,
+    "calculator_addition": CalculatorAdditionTask,
+    "guess_number": GuessNumberTask,
 }
 
 

@@ -5,18 +5,21 @@ create projects and labellers, invite labellers and add items; a labeller sees o
 they were invited to, and only their own labels. A project someone may not see answers 404, the
 same as one that does not exist.
 
-Every refusal is a JSON ``{"error": message}`` with a 4xx status: 400 malformed JSON, 401 no or
-bad token, 403 not an admin / bad CSRF token, 404 unknown or foreign project/item/label, 409
+The API authenticates by the Authorization header only (see `auth`); `security` adds the response
+headers and the same-origin check on forms. Every refusal is a JSON ``{"error": message}`` with a
+4xx status: 400 malformed JSON, 401 no or bad token, 403 not an admin / bad CSRF token /
+cross-site form, 404 unknown or foreign project/item/label, 409
 conflict (submission id reused for a different label, item already labelled), 413 body too
-large, 422 a well-formed request with a bad value (wrong choice for the item's kind, ...).
+large, 422 a well-formed request with a bad value (wrong choice for the item's kind, an id out of
+range, a NUL byte or lone surrogate in text, metadata nested too deep, no JSON Content-Type, ...).
 """
 
 from __future__ import annotations
 
 import html
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,7 +31,9 @@ from feedbackrl.feedback import labels as L
 from feedbackrl.feedback.auth import signed_in
 from feedbackrl.feedback.export import FORMATS, export_rows, labelled_pairs
 from feedbackrl.feedback.items import add_items
+from feedbackrl.feedback.security import MAX_ID, Id, SecurityHeaders
 from feedbackrl.feedback.store import (
+    Conflict,
     FeedbackError,
     Item,
     Label,
@@ -40,6 +45,7 @@ from feedbackrl.feedback.store import (
     get_labeller,
     open_db,
     project_for,
+    revoke_labeller,
     visible_projects,
 )
 
@@ -72,14 +78,14 @@ class ItemsIn(Strict):
 
 class LabelIn(Strict):
     submission_id: str = Field(min_length=1, max_length=64, description="client-chosen; reuse it on retries")
-    item_id: int
+    item_id: Id
     choice: str = Field(max_length=16)
     ranking: list[int] | None = Field(None, max_length=100)
     reason: str | None = Field(None, max_length=L.REASON_MAX)
 
 
 class UndoIn(Strict):
-    label_id: int | None = None
+    label_id: Id | None = None
 
 
 class BodyLimit:
@@ -138,6 +144,11 @@ def _install_errors(app: FastAPI) -> None:
         return HTMLResponse(f"<p>error: {html.escape(str(exc))}</p><p><a href='/'>back</a></p>",
                             status_code=exc.status)
 
+    @app.exception_handler(OverflowError)
+    async def overflow_error(request: Request, exc: OverflowError) -> Response:
+        # a number too large for the database that the bounds on ids did not catch; nothing stored
+        return JSONResponse({"error": f"a number in the request is out of range: {exc}"}, status_code=422)
+
     @app.exception_handler(IntegrityError)
     async def integrity_error(request: Request, exc: IntegrityError) -> Response:
         # a race the checks before the write could not see (e.g. two admins creating one name)
@@ -153,9 +164,13 @@ def create_app(db_url: str | None = None, sessions: sessionmaker[Session] | None
     """The app for `db_url` (migrated to head on creation), or for an open session factory."""
     from feedbackrl.feedback.pages import router as pages
 
-    app = FastAPI(title="feedbackrl labelling", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    # strict_content_type (FastAPI >= 0.132, also the default there): a JSON body without a JSON
+    # Content-Type is refused, so a cross-site "simple" request cannot post JSON.
+    app = FastAPI(title="feedbackrl labelling", docs_url="/api/docs", openapi_url="/api/openapi.json",
+                  strict_content_type=True)
     app.state.sessions = sessions if sessions is not None else open_db(db_url or "feedback.db")
     app.add_middleware(BodyLimit, limit=BODY_LIMIT)
+    app.add_middleware(SecurityHeaders)  # outermost: its headers are on every response, 413s included
     _install_errors(app)
     _api_routes(app)
     app.include_router(pages)
@@ -184,26 +199,35 @@ def _api_routes(app: FastAPI) -> None:
             labeller, token = create_labeller(s, body.name, body.admin)
             return {"id": labeller.id, "name": labeller.name, "token": token}
 
+    @app.delete("/api/labellers/{name}")
+    def revoke(request: Request, name: str) -> dict:
+        """Lock a labeller out (admin): token, admin right and memberships go; their labels stay."""
+        with signed_in(request, admin=True) as (s, who):
+            if name == who.name:
+                raise Conflict("you cannot revoke yourself; another admin can")
+            revoke_labeller(s, name)
+            return {"revoked": name}
+
     @app.post("/api/projects/{project_id}/members")
-    def invite(request: Request, project_id: int, body: MemberIn) -> dict:
+    def invite(request: Request, project_id: Id, body: MemberIn) -> dict:
         with signed_in(request, admin=True) as (s, who):
             added = add_member(s, project_for(s, who, project_id), get_labeller(s, body.labeller))
             return {"project_id": project_id, "labeller": body.labeller, "added": added}
 
     @app.post("/api/projects/{project_id}/items", status_code=201)
-    def items(request: Request, project_id: int, body: ItemsIn) -> dict:
+    def items(request: Request, project_id: Id, body: ItemsIn) -> dict:
         with signed_in(request, admin=True) as (s, who):
             return {"item_ids": add_items(s, project_for(s, who, project_id), body.items)}
 
     @app.get("/api/projects/{project_id}/next")
-    def next_item(request: Request, project_id: int) -> dict:
+    def next_item(request: Request, project_id: Id) -> dict:
         with signed_in(request) as (s, who):
             project = project_for(s, who, project_id)
             item = L.next_item(s, who, project)
             return {"item": L.item_dict(item, project) if item else None}
 
     @app.get("/api/projects/{project_id}/items/{item_id}")
-    def item(request: Request, project_id: int, item_id: int) -> dict:
+    def item(request: Request, project_id: Id, item_id: Id) -> dict:
         with signed_in(request) as (s, who):
             project = project_for(s, who, project_id)
             found = s.get(Item, item_id)
@@ -212,12 +236,12 @@ def _api_routes(app: FastAPI) -> None:
             return L.item_dict(found, project)
 
     @app.get("/api/projects/{project_id}/progress")
-    def progress(request: Request, project_id: int) -> dict:
+    def progress(request: Request, project_id: Id) -> dict:
         with signed_in(request) as (s, who):
             return L.progress(s, who, project_for(s, who, project_id))
 
     @app.post("/api/projects/{project_id}/labels", status_code=201)
-    def submit(request: Request, project_id: int, body: LabelIn, response: Response) -> dict:
+    def submit(request: Request, project_id: Id, body: LabelIn, response: Response) -> dict:
         with signed_in(request) as (s, who):
             label, created = L.submit(s, who, project_for(s, who, project_id), L.Submission(**body.model_dump()))
         if not created:
@@ -225,7 +249,7 @@ def _api_routes(app: FastAPI) -> None:
         return {"label": label, "created": created}
 
     @app.get("/api/projects/{project_id}/labels")
-    def labels(request: Request, project_id: int) -> list:
+    def labels(request: Request, project_id: Id) -> list:
         """Your labels in the project (an admin gets everyone's), oldest first, undone ones included."""
         with signed_in(request) as (s, who):
             project = project_for(s, who, project_id)
@@ -235,18 +259,19 @@ def _api_routes(app: FastAPI) -> None:
             return [L.label_dict(x) for x in s.scalars(query)]
 
     @app.post("/api/projects/{project_id}/undo")
-    def undo(request: Request, project_id: int, body: UndoIn) -> dict:
+    def undo(request: Request, project_id: Id, body: UndoIn) -> dict:
         with signed_in(request) as (s, who):
             return {"undone": L.undo(s, who, project_for(s, who, project_id), body.label_id)}
 
     @app.get("/api/projects/{project_id}/status")
-    def status(request: Request, project_id: int) -> dict:
+    def status(request: Request, project_id: Id) -> dict:
         """Queue counts for the project (admin): items, open items, labels, last label id."""
         with signed_in(request, admin=True) as (s, who):
             return L.queue_status(s, project_for(s, who, project_id))
 
     @app.get("/api/projects/{project_id}/export")
-    def export(request: Request, project_id: int, format: str = "pairs", since_id: int = 0,
+    def export(request: Request, project_id: Id, format: str = "pairs",
+               since_id: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
                ties: bool = False) -> list:
         """The project's labels as dataset rows (admin); `since_id` (pairs only) returns only newer labels,
         `ties` (pairs only) adds tie labels as rows marked "tie"."""

@@ -1,8 +1,10 @@
 """Request-scoped database sessions and who is asking: a bearer token (API) or a cookie (pages).
 
-Pages post forms with the cookie, so each form carries a CSRF token derived from the labeller's
-token (a cross-site page cannot read the cookie, so cannot compute it); the cookie is also
-SameSite=Strict and HttpOnly.
+The JSON API under /api takes the Authorization header only, never the cookie, so no page on
+another site can make a browser call it with the labeller's credentials. Pages take the cookie
+(or the header); their forms carry a CSRF token derived from the labeller's token (a cross-site
+page cannot read the cookie, so cannot compute it), must come from this origin
+(`security.check_same_origin`), and the cookie is SameSite=Strict and HttpOnly.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def request_token(request: Request) -> str:
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
+    if request.url.path.startswith("/api"):
+        return ""  # the API ignores the cookie: a browser attaches it to cross-site requests too
     return request.cookies.get(COOKIE, "")
 
 

@@ -18,7 +18,6 @@ preference and are left out of pairs and rankings (the "labels" format keeps eve
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from itertools import combinations
 from pathlib import Path
@@ -118,13 +117,6 @@ def export_rows(s: Session, project: Project, fmt: Format = "pairs") -> list[dic
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     return {"pairs": labelled_pairs, "rankings": labelled_rankings, "labels": raw_labels}[fmt](s, project)
-
-
-def write_jsonl(rows: list[dict[str, Any]], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def display_url(db: str) -> str:

@@ -11,14 +11,14 @@ writes all or nothing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from feedbackrl.feedback.store import FeedbackError, Item, Project
+from feedbackrl.data.rows import DatasetError, read_jsonl
+from feedbackrl.feedback.store import FeedbackError, Item, Project, check_text
 
 TEXT_MAX = 100_000
 SHOWN = 5
@@ -52,6 +52,13 @@ def parse_item_row(row: Any, index: int, kind: str) -> dict[str, Any]:
     if max(len(prompt), *map(len, responses)) > TEXT_MAX:
         raise FeedbackError(_bad(index, f"a prompt or response is longer than {TEXT_MAX} characters"))
     meta = {k: v for k, v in row.items() if k not in ("prompt", "responses", "response")}
+    try:
+        check_text(prompt, "'prompt'")
+        for i, response in enumerate(responses):
+            check_text(response, f"response {i}")
+        check_text(meta, "metadata")
+    except FeedbackError as e:
+        raise FeedbackError(_bad(index, str(e))) from None
     return {"prompt": prompt, "responses": list(responses), "meta": meta}
 
 
@@ -73,21 +80,13 @@ def add_items(s: Session, project: Project, rows: Iterable[Any]) -> list[int]:
     return [item.id for item in items]
 
 
-def read_jsonl(path: Path) -> list[Any]:
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise FeedbackError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
-    return rows
-
-
 def read_prompts(path: Path) -> list[str]:
     """Prompts from a .jsonl file (a "prompt" field per line) or a text file (one prompt per line)."""
     if path.suffix.lower() == ".jsonl":
-        rows = read_jsonl(path)
+        try:
+            rows = read_jsonl(path)
+        except DatasetError as e:
+            raise FeedbackError(str(e)) from None
         bad = [i for i, r in enumerate(rows) if not (isinstance(r, dict) and isinstance(r.get("prompt"), str))]
         if bad:
             raise FeedbackError(f"{path}: rows {bad[:SHOWN]} have no text 'prompt' field")

@@ -28,7 +28,7 @@ from sqlalchemy import BigInteger, and_, cast, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from feedbackrl.feedback.store import Conflict, FeedbackError, Item, Label, Labeller, NotFound, Project
+from feedbackrl.feedback.store import Conflict, FeedbackError, Item, Label, Labeller, NotFound, Project, check_text
 
 CHOICES = {"pairwise": ("a", "b", "tie", "skip"), "ranking": ("ranked", "skip"),
            "accept_reject": ("accept", "reject", "skip")}
@@ -94,6 +94,8 @@ def submit(s: Session, who: Labeller, project: Project, sub: Submission) -> tupl
 
     Commits. On any error nothing is written.
     """
+    for where, text in (("submission_id", sub.submission_id), ("choice", sub.choice), ("reason", sub.reason)):
+        check_text(text, where)
     existing = _by_submission(s, who, sub.submission_id)
     if existing is not None:
         return _replay(existing, sub)

@@ -13,14 +13,16 @@ from __future__ import annotations
 import random
 import uuid
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
 from feedbackrl.feedback import labels as L
 from feedbackrl.feedback.auth import COOKIE, check_csrf, csrf_token, request_token, signed_in
+from feedbackrl.feedback.security import MAX_ID, Id, check_same_origin
 from feedbackrl.feedback.store import (
     FeedbackError,
     Item,
@@ -60,6 +62,7 @@ def login_page(request: Request) -> Response:
 
 @router.post("/login")
 def login(request: Request, token: str = Form(..., max_length=200)) -> Response:
+    check_same_origin(request)  # login CSRF: a hostile page must not sign the victim in as someone else
     with request.app.state.sessions() as s:
         known = authenticate(s, token.strip()) is not None
     if not known:
@@ -70,7 +73,8 @@ def login(request: Request, token: str = Form(..., max_length=200)) -> Response:
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request) -> Response:
+    check_same_origin(request)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE)
     return response
@@ -95,15 +99,17 @@ def _render_label(request: Request, s: Session, who: Labeller, project: Project,
 
 
 @router.get("/projects/{project_id}", response_class=HTMLResponse)
-def label_page(request: Request, project_id: int, item: int | None = None) -> Response:
+def label_page(request: Request, project_id: Id,
+               item: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None) -> Response:
     with signed_in(request) as (s, who):
         return _render_label(request, s, who, project_for(s, who, project_id), prefer=item)
 
 
 @router.post("/projects/{project_id}/label")
-def label_form(request: Request, project_id: int, csrf: str = Form(""), submission_id: str = Form(...),
-               item_id: int = Form(...), choice: str = Form(..., max_length=16),
+def label_form(request: Request, project_id: Id, csrf: str = Form(""), submission_id: str = Form(...),
+               item_id: int = Form(..., ge=1, le=MAX_ID), choice: str = Form(..., max_length=16),
                order: str = Form("", max_length=400), reason: str = Form("", max_length=L.REASON_MAX)) -> Response:
+    check_same_origin(request)
     check_csrf(request, csrf)
     with signed_in(request) as (s, who):
         project = project_for(s, who, project_id)
@@ -120,7 +126,9 @@ def label_form(request: Request, project_id: int, csrf: str = Form(""), submissi
 
 
 @router.post("/projects/{project_id}/undo")
-def undo_form(request: Request, project_id: int, csrf: str = Form(""), label_id: int = Form(...)) -> Response:
+def undo_form(request: Request, project_id: Id, csrf: str = Form(""),
+              label_id: int = Form(..., ge=1, le=MAX_ID)) -> Response:
+    check_same_origin(request)
     check_csrf(request, csrf)
     with signed_in(request) as (s, who):
         undone = L.undo(s, who, project_for(s, who, project_id), label_id)

@@ -14,7 +14,9 @@ With that much entropy a plain hash is enough: there is nothing to brute-force, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +34,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     create_engine,
+    delete,
     event,
+    make_url,
     select,
     text,
 )
@@ -59,6 +63,35 @@ class Forbidden(FeedbackError):
 
 class Conflict(FeedbackError):
     status = 409
+
+
+META_DEPTH = 16  # nesting levels of lists/dicts allowed in item metadata
+
+
+def check_text(value: Any, where: str, depth: int = 0) -> None:
+    """Refuse what no database or page should hold: NUL bytes, lone surrogates, deep nesting.
+
+    PostgreSQL text cannot hold NUL and neither backend can encode a lone surrogate (a JSON
+    "\\ud800" escape); a metadata tree nested hundreds deep breaks the pages that show it.
+    Walks strings, dict keys and values and list items; raises FeedbackError (422) naming where.
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise FeedbackError(f"{where} contains a NUL byte (\\u0000 at character {value.index(chr(0))}); "
+                                "text may not hold one")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise FeedbackError(f"{where} contains a lone surrogate (U+{ord(value[e.start]):04X} at character "
+                                f"{e.start}); send valid UTF-16 pairs or UTF-8") from None
+    elif isinstance(value, dict | list):
+        if depth >= META_DEPTH:
+            raise FeedbackError(f"{where} is nested more than {META_DEPTH} levels deep")
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in pairs:
+            if isinstance(key, str):
+                check_text(key, f"{where} key {key[:40]!r}", depth)
+            check_text(item, f"{where}[{key!r:.40}]", depth + 1)
 
 
 def _now() -> datetime:
@@ -166,9 +199,18 @@ def _sqlite_pragmas(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _create_private(url: str) -> None:
+    """Create a new SQLite file readable by its owner only (SQLite gives -wal/-shm the same mode)."""
+    path = make_url(url).database
+    if path and path != ":memory:" and not path.startswith("file:") and not os.path.exists(path):
+        with contextlib.suppress(FileExistsError):  # another process created it meanwhile
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
 def make_engine(db: str) -> Engine:
     url = normalize_url(db)
     if url.startswith("sqlite"):
+        _create_private(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         _sqlite_pragmas(engine)
         return engine
@@ -207,6 +249,7 @@ def new_token() -> str:
 
 
 def _check_name(name: str, what: str) -> str:
+    check_text(name, f"{what} name")
     name = name.strip()
     if not name or len(name) > NAME_MAX:
         raise FeedbackError(f"{what} name must be 1-{NAME_MAX} characters, got {name!r:.80}")
@@ -232,6 +275,16 @@ def rotate_token(s: Session, name: str) -> str:
     return token
 
 
+def revoke_labeller(s: Session, name: str) -> Labeller:
+    """Lock a labeller out: their token stops working (replaced by one nobody holds), their admin
+    right and project memberships go. Their labels stay. Undo with `rotate_token` and new invitations."""
+    labeller = get_labeller(s, name)
+    labeller.token_hash = hash_token(new_token())
+    labeller.is_admin = False
+    s.execute(delete(Membership).where(Membership.labeller_id == labeller.id))
+    return labeller
+
+
 def get_labeller(s: Session, name: str) -> Labeller:
     labeller = s.scalar(select(Labeller).where(Labeller.name == name))
     if labeller is None:
@@ -247,6 +300,7 @@ def authenticate(s: Session, token: str) -> Labeller | None:
 
 def create_project(s: Session, name: str, kind: str, overlap: int = 1, instructions: str = "") -> Project:
     name = _check_name(name, "project")
+    check_text(instructions, "instructions")
     if kind not in KINDS:
         raise FeedbackError(f"project kind must be one of {', '.join(KINDS)}; got {kind!r}")
     if not 1 <= overlap <= 100:

@@ -7,11 +7,16 @@
 
 Score = fraction of tests passed. An io test passes when the program exits 0 and its stdout
 equals the expected output, comparing line by line with trailing whitespace (and trailing blank
-lines) ignored. An assert test passes when every check in it holds: `assert a == b` (and each
-`==` conjunct of an `and`) is checked on the host, from the values the program computed, so the
-expected side never reaches the program; other asserts are judged in the sandbox. Each test's
-entry in `Verdict.details["tests"]` says whether it passed and why not: "ok", "wrong_output",
-"runtime_error", "timeout", "memory", "crash", "early_exit" or "output_limit".
+lines) ignored. An assert test is any block of Python: one `assert`, setup lines and asserts, a
+loop over cases, or HumanEval's `def check(candidate): ...` with a call `check(entry_point)`. It
+passes when it runs to the end. The judge runs it outside the program's process, with clean
+builtins and modules, calling into the program for values (see `sandbox_checks`), so every
+comparison is made on plain data and the test's literals never reach the program. A test the
+judge cannot decide (it passes the program something that is not plain data, a function say) is
+run inside the sandbox instead, and its entry says `"decided": "sandbox"`; `sandbox_checks=False`
+fails such tests as "undecidable". Each test's entry in `Verdict.details["tests"]` says whether
+it passed and why not: "ok", "wrong_output", "runtime_error", "timeout", "memory", "crash",
+"early_exit", "output_limit" or "undecidable".
 
 Programs run in the sandbox of `sandbox.py` (its docstring has the threat model); it refuses to
 start, with `SandboxUnavailable`, where the isolation is missing, unless `allow_unsafe=True`.
@@ -19,7 +24,6 @@ start, with `SandboxUnavailable`, where the isolation is missing, unless `allow_
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Sequence
@@ -32,8 +36,8 @@ from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)\b[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 _STDERR_CHARS = 500  # per test in the details; the sandbox keeps 2000 bytes per attempt
-_NOT_LITERAL = object()
-_EXC_REASONS = {"MemoryError": "memory", "SystemExit": "early_exit", "Unencodable": "wrong_output"}
+_REASONS = {"ok", "wrong_output", "runtime_error", "timeout", "memory", "crash", "early_exit", "output_limit",
+            "undecidable"}
 
 
 class BadTests(ValueError):
@@ -42,12 +46,10 @@ class BadTests(ValueError):
 
 @dataclass
 class TestPlan:
-    """Parsed tests: what the sandbox runs and, kept on the host, what it is compared with."""
+    """Parsed tests: stdin and expected stdout stay on the host; test sources go to the judge."""
 
     io: list[tuple[str, str]] = field(default_factory=list)  # (stdin, expected stdout)
-    asserts: list[str] = field(default_factory=list)  # source, for the details
-    checks: list[list[dict]] = field(default_factory=list)  # per assert, sent to the sandbox
-    expected: list[list[tuple[str, list[Any]]]] = field(default_factory=list)  # per check: (op, literals)
+    asserts: list[str] = field(default_factory=list)  # test sources, run by the judge
 
 
 def extract_program(completion: str) -> str:
@@ -80,10 +82,11 @@ def parse_tests(answer: Any) -> TestPlan:
     for i, src in enumerate(_as_list(answer.get("asserts", []), "asserts")):
         if not isinstance(src, str):
             raise BadTests(f"asserts[{i}] must be a string, got {type(src).__name__}")
-        checks, expected = _plan_assert(src, i)
+        try:
+            compile(src, f"asserts[{i}]", "exec")
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: a NUL byte
+            raise BadTests(f"asserts[{i}] is not valid Python: {exc} ({src!r:.100})") from exc
         plan.asserts.append(src)
-        plan.checks.append(checks)
-        plan.expected.append(expected)
     if not plan.io and not plan.asserts:
         raise BadTests("tests are empty: give at least one 'io' case or 'asserts' entry")
     return plan
@@ -95,83 +98,17 @@ def _as_list(value: Any, key: str) -> list:
     return value
 
 
-def _plan_assert(src: str, index: int) -> tuple[list[dict], list[tuple[str, list[Any]]]]:
-    """Split one assert into checks: `a == b` conjuncts compared on the host, the rest in the sandbox."""
-    try:
-        body = ast.parse(src).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: a NUL byte
-        raise BadTests(f"asserts[{index}] is not valid Python: {exc} ({src!r:.100})") from exc
-    if not (len(body) == 1 and isinstance(body[0], ast.Assert)):
-        return [{"stmt": src}], [("stmt", [])]  # setup code or a helper call: must not raise
-    checks, expected = [], []
-    for node in _conjuncts(body[0].test):
-        op = _comparison(node)
-        if op is None:
-            checks.append({"truth": ast.unparse(node)})
-            expected.append(("truth", []))
-            continue
-        sides = [node.left, node.comparators[0]]
-        literals = [_literal(side) for side in sides]
-        checks.append({"eq": [None if lit is not _NOT_LITERAL else ast.unparse(side)
-                              for side, lit in zip(sides, literals, strict=True)]})
-        expected.append((op, literals))
-    return checks, expected
-
-
-def _conjuncts(node: ast.expr) -> list[ast.expr]:
-    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
-        return [part for value in node.values for part in _conjuncts(value)]
-    return [node]
-
-
-def _comparison(node: ast.expr) -> str | None:
-    """'==' or 'is' when the host can check `node` from values alone, else None."""
-    if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
-        return None
-    if isinstance(node.ops[0], ast.Eq):
-        return "=="
-    singletons = [_literal(side) for side in (node.left, node.comparators[0])]
-    if isinstance(node.ops[0], ast.Is) and any(v is None or isinstance(v, bool) for v in singletons):
-        return "is"
-    return None
-
-
-def _literal(node: ast.expr) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _NOT_LITERAL
-
-
-def decode_value(text: str) -> Any:
-    """Rebuild a value from `sandbox_harness.encode`'s tagged JSON (untrusted input, never executed)."""
-    return _untag(json.loads(text))
-
-
-def _untag(x: Any) -> Any:
-    if not isinstance(x, list):
-        return x
-    tag, items = x[0], x[1:]
-    scalars = {"s": lambda h: bytes.fromhex(h).decode("utf-8", "surrogatepass"), "b": bytes.fromhex,
-               "x": lambda h: int(h, 16), "c": lambda re_, im: complex(re_, im)}
-    if tag in scalars:
-        return scalars[tag](*items)
-    values = [_untag(item) for item in items]
-    containers = {"l": list, "t": tuple, "S": set, "F": frozenset,
-                  "d": lambda v: dict(zip(v[::2], v[1::2], strict=True))}
-    return containers[tag](values)
-
-
 class CodeVerifier:
     """Reward source: run the completion's program against `problem.answer`'s tests, sandboxed.
 
     `timeout_s` is wall-clock time per test, `memory_mb` the address-space limit, and
-    `max_output_bytes` caps stdout + stderr per test. Raises SandboxUnavailable at construction
+    `max_output_bytes` caps stdout + stderr per test. `sandbox_checks=False` forbids tests the judge
+    cannot decide outside the program's process (they fail as "undecidable"). Raises SandboxUnavailable at construction
     if this machine cannot isolate programs, unless `allow_unsafe=True`; calls never raise.
     """
 
     def __init__(self, timeout_s: float = 2.0, memory_mb: int = 512, max_output_bytes: int = 1_000_000,
-                 allow_unsafe: bool = False) -> None:
+                 allow_unsafe: bool = False, sandbox_checks: bool = True) -> None:
         for name, value, low in (("timeout_s", timeout_s, 0.05), ("memory_mb", memory_mb, 64),
                                  ("max_output_bytes", max_output_bytes, 1)):
             if not (isinstance(value, int | float) and value >= low):
@@ -180,6 +117,7 @@ class CodeVerifier:
             require_isolation()
         self.limits = Limits(float(timeout_s), int(memory_mb), int(max_output_bytes))
         self.isolate = all(probe().values())  # with allow_unsafe, still isolate when we can
+        self.sandbox_checks = bool(sandbox_checks)
 
     def __call__(self, problem: Problem, completion: str) -> Verdict:
         try:
@@ -215,7 +153,8 @@ class CodeVerifier:
             entries += _io_entries(raw, plan)
             leaked += raw["leaked"]
         if plan.asserts:
-            raw = run_program(program, checks=plan.checks, limits=self.limits, isolate=self.isolate)
+            raw = run_program(program, tests=plan.asserts, limits=self.limits, isolate=self.isolate,
+                              sandbox_checks=self.sandbox_checks)
             entries += _assert_entries(raw, plan)
             leaked += raw["leaked"]
         return _summarize(entries, leaked)
@@ -236,59 +175,17 @@ def _io_entries(raw: dict, plan: TestPlan) -> list[dict]:
 
 
 def _assert_entries(raw: dict, plan: TestPlan) -> list[dict]:
-    results = raw.get("tests") or [{"outcome": "crash", "stderr": raw.get("error", ""), "msgs": []}] * len(
-        plan.asserts)
+    results = raw.get("tests") or [{"outcome": "crash", "stderr": raw.get("error", "")}] * len(plan.asserts)
     entries = []
     for i, res in enumerate(results):
-        reason, detail = res["outcome"], ""
-        if reason == "done":
-            try:
-                reason, detail = _judge_checks(res["msgs"], plan.expected[i])
-            except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
-                reason, detail = "crash", f"malformed report from the sandbox: {type(exc).__name__}"
+        reason = res["outcome"] if res["outcome"] in _REASONS else "crash"
         entry = _entry(f"asserts[{i}]", reason, res.get("stderr", ""))
-        if detail:
-            entry["detail"] = detail
+        if res.get("detail") and reason != "ok":
+            entry["detail"] = str(res["detail"])[:300]
+        if "decided" in res:
+            entry["decided"] = res["decided"]
         entries.append(entry)
     return entries
-
-
-def _judge_checks(msgs: list[str], expected: list[tuple[str, list[Any]]]) -> tuple[str, str]:
-    """Decide one finished assert test from the runner's reports (the first report of each kind wins)."""
-    values: dict[tuple[int, int], str] = {}
-    truths: dict[int, bool] = {}
-    errors: dict[int, str] = {}
-    for msg in msgs:
-        kind, _, rest = msg.partition(" ")
-        parts = rest.split(" ", 3)  # i j [k value] | i j 0/1 | i j ExcName
-        if kind == "V":
-            values.setdefault((int(parts[1]), int(parts[2])), parts[3])
-        elif kind == "T":
-            truths.setdefault(int(parts[1]), parts[2] == "1")
-        elif kind == "F":
-            errors.setdefault(int(parts[1]), parts[2])
-    for j, (op, literals) in enumerate(expected):
-        if j in errors:
-            return _EXC_REASONS.get(errors[j], "runtime_error"), f"check {j} raised {errors[j]}"
-        if op in ("truth", "stmt"):
-            if j not in truths:
-                return "crash", f"check {j} was never reported"
-            if not truths[j]:
-                return "wrong_output", f"check {j} is false"
-            continue
-        if any(lit is _NOT_LITERAL and (j, k) not in values for k, lit in enumerate(literals)):
-            return "crash", f"check {j} was never reported"
-        a, b = (decode_value(values[j, k]) if lit is _NOT_LITERAL else lit for k, lit in enumerate(literals))
-        if not _holds(op, a, b):
-            return "wrong_output", f"check {j}: {a!r:.80} {op} {b!r:.80} is false"
-    return "ok", ""
-
-
-def _holds(op: str, a: Any, b: Any) -> bool:
-    try:  # both sides are plain builtin values here: no program code runs on the host
-        return bool(a == b) if op == "==" else a is b
-    except RecursionError:
-        return False
 
 
 def _entry(name: str, reason: str, stderr: str) -> dict:

@@ -42,6 +42,7 @@ from feedbackrl.config import ConfigError
 from feedbackrl.rewards import instructions
 from feedbackrl.rewards.combine import Gate, ValueWeighted, WeightedSum
 from feedbackrl.rewards.format import RegexFormat, TagFormat
+from feedbackrl.rewards.judge import judge_source
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict
 
 if TYPE_CHECKING:
@@ -100,12 +101,12 @@ def _math(ctx: Context, *, order: list[str] | None = None, timeout_s: float = 3.
 
 
 def _code(ctx: Context, *, timeout_s: float = 2.0, memory_mb: int = 512, max_output_bytes: int = 1_000_000,
-          allow_unsafe: bool = False, workers: int = 4) -> BatchReward:
+          allow_unsafe: bool = False, workers: int = 4, sandbox_checks: bool = True) -> BatchReward:
     from feedbackrl.rewards.code import CodeVerifier
 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    verifier = CodeVerifier(timeout_s, memory_mb, max_output_bytes, allow_unsafe)
+    verifier = CodeVerifier(timeout_s, memory_mb, max_output_bytes, allow_unsafe, sandbox_checks)
     return lambda problems, completions: verifier.batch(problems, completions, workers)
 
 
@@ -246,6 +247,7 @@ REWARDS: dict[str, Source] = {
     "tags": Source(_tags, "<think>...</think><answer>...</answer> and nothing else"),
     "learned": Source(_learned, "a reward model directory written by a reward_model run"),
     "cost": Source(_cost, "a cost model directory; score = 1 - calibrated cost, passes when predicted safe"),
+    "judge": Source(judge_source, "an LLM judge on an OpenAI-compatible endpoint scoring a weighted rubric"),
     "constraints": Source(_constraints, "the problem's own constraint specs (meta['constraints'])"),
     **{cid: Source(functools.partial(_instruction, cid), f"instruction check: {inspect.getdoc(fn)}",
                    functools.partial(_check_instruction, cid))

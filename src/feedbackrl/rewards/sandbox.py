@@ -3,9 +3,11 @@
 This is the host half, called from the trainer. One job (one program, one problem's tests)::
 
     host --spawn--> unshare --net --pid --mount --ipc --uts --fork --kill-child
-                      └─ judge (sandbox_judge.py): PID 1 of a fresh PID namespace, root, our code only
-                           └─ runner, forked per attempt: job-unique uid, rlimits, runs the program
-                              and then the tests' checks in-process (sandbox_harness.py)
+                      └─ judge (sandbox_judge.py): PID 1 of a fresh PID namespace, root, our code only;
+                         runs assert tests itself (sandbox_checks.py), calling into the runner
+                           └─ runner, per attempt: fork, lock down (job uid, cgroup, rlimits, own IPC
+                              namespace), then execve a fresh interpreter that runs the program and
+                              answers the judge's calls with plain data (sandbox_harness.py)
 
 Threat model. The program is arbitrary Python written by a policy under optimisation: buggy, or
 actively looking for reward. It may burn CPU, memory, disk, processes or output; write or read
@@ -18,40 +20,44 @@ Mechanisms, each closing a hole:
   and the kernel when it exits, kill every process of the job, daemons and double forks included.
   Mount: every mount read-only and nosuid, /root and /home hidden behind empty tmpfs (the Python
   install is re-exposed read-only if it lives there), a fresh /proc that shows only the job, and a
-  fresh size-capped tmpfs working directory and /dev/shm per attempt; nothing is written to disk,
-  so nothing needs removing. IPC and UTS: private.
+  fresh size-capped tmpfs working directory and /dev/shm per attempt. IPC: one namespace per
+  attempt, so SysV shared memory and message queues die with it. UTS: private.
 - Privileges. The runner switches to a uid/gid drawn at random from [UID_MIN, UID_MAX), no groups,
   PR_SET_NO_NEW_PRIVS: it cannot signal, ptrace or read the judge or any host process, and
-  RLIMIT_NPROC (which root ignores) caps fork bombs per job. rlimits also cap CPU time, address
-  space (`memory_mb`), file size and core dumps. The environment is empty.
+  RLIMIT_NPROC (which root ignores) caps fork bombs per job. The environment is empty.
+- Memory and processes. A cgroup per job (`sandbox_cgroup.py`) caps memory, counting what the
+  address-space limit misses (memfd, SysV shm, tmpfs pages), and processes; where no cgroup can
+  be made, a warning says why and rlimits alone apply. rlimits also cap CPU time, address space,
+  file size, open files (64) and core dumps.
 - Time and output. The judge gives each test `timeout_s` of wall clock and caps output, reading
-  the pipes as they fill; the host adds an overall deadline, kills the session, and then scans
-  /proc for any process still running as the job's uid (expected none; the count is returned).
-- Score integrity. Expected stdout and the literal side of `a == b` asserts never enter the
-  sandbox: the runner reports the *values* it computed and the host compares them. Reports go
-  through their own pipe, each line prefixed with a per-job random nonce, so printing "PASS" does
-  nothing, and leaving early (`sys.exit`, `os._exit`, atexit hooks, signals) leaves a test without
-  its report, which fails it. Values are encoded only from exact builtin types, so an object whose
-  `__eq__` always says True is refused. Test expressions are compiled before the program runs and
-  evaluated with a snapshot of the original builtins; the harness calls only references it saved
-  before the program ran, so rebinding `AssertionError`, `eval`, `BaseException` or
-  `sys.excepthook` changes nothing.
+  the pipes as they fill; the host adds an overall deadline, kills the session, removes the job's
+  cgroup (killing anything in it) and scans /proc for any process still running as the job's uid
+  (expected none; the count is returned).
+- Score integrity. Expected stdout stays on the host. Assert tests are run by the judge, with
+  its own builtins and standard library: the program's functions are proxies whose calls the
+  runner answers with plain data (exact builtin types, encoded by C-level methods) or an opaque
+  handle that refuses to be compared or tested for truth. So an object whose `__eq__` always says
+  True, a patched `math.isclose` or a fake module in `sys.modules` changes nothing the judge
+  sees, and a reply forged through frames, `gc` or `sys.settrace` is only a value the program
+  could have returned. The runner is a fresh interpreter (execve), so the tests' literals are in
+  none of its memory; it cannot read the judge's (another uid).
 
-Residual risks, accepted: checks other than `value == literal` (a truth assert such as
-`math.isclose(f(x), 1.0)`, or `f(x) == g(y)` with both sides computed) are decided from what the
-runner reports, so a program that digs into the harness (frames, gc, /proc/self/mem) to take the
-nonce or patch the encoder can forge them; `value == literal` cannot be forged without knowing the
-literal. Test expressions see the original builtins even where the program defines a function of
-the same name, so a task may not ask for a function named like a builtin. Files that everyone may
-read stay readable (read-only, not invisible). Kernel exploits and timing side channels are out of
-scope. Without root and the namespaces `require_isolation` raises `SandboxUnavailable`; with
-`isolate=False` programs run with rlimits, a session and (as root) a separate uid only: no
-network, filesystem or PID isolation.
+Residual risks, accepted: a test that passes the program something other than plain data (a
+function, say) cannot be decided by the judge; it runs inside the sandbox, in the program's
+namespace, its entry says `"decided": "sandbox"`, and a program that digs into the harness can
+fake it (`sandbox_checks=False` fails such tests instead). Test code sees the real builtins even
+where the program defines a function of the same name, so a task may not ask for a function named
+like a builtin. Files that everyone may read stay readable (read-only, not invisible). Kernel
+exploits and timing side channels are out of scope. Without root and the namespaces
+`require_isolation` raises `SandboxUnavailable`; with `isolate=False` programs run with rlimits, a
+session and (as root) a separate uid only: no network, filesystem, PID or IPC isolation and no
+cgroup, and the runner is forked without a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import marshal
 import os
 import py_compile
@@ -63,15 +69,25 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 
+from feedbackrl.rewards import sandbox_cgroup, sandbox_seccomp
+
+log = logging.getLogger(__name__)
+
 UID_MIN, UID_MAX = 1 << 20, 1 << 30  # far above real accounts, so one uid names one job
+NPROC = 64  # processes + threads per job (the cgroup's pids.max; the judge's RLIMIT_NPROC too)
+_CGROUP_WARNED: list[str] = []
+_SECCOMP_WARNED: list[str] = []
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # -I: ignore PYTHON* variables and the user site; -S: no site-packages (programs get the
 # standard library only, and start faster); -B: the filesystem is read-only anyway. Our directory
 # holds modules (math.py, ...) that would shadow the standard library, so it is on sys.path only
-# while the judge is imported, and the judge's own extension modules are imported before.
-_JUDGE_CMD = [sys.executable, "-I", "-S", "-B", "-c",
-              f"import select, sys; sys.path.insert(0, {_HERE!r}); import sandbox_judge; del sys.path[0]; "
-              "sandbox_judge.main()"]
+# while the judge is imported, and the judge's own extension modules are imported before. That
+# directory comes as the first line of stdin, not on the command line, which /proc/1/cmdline shows
+# the program; and the interpreter is the real binary, not a venv's link to it.
+_JUDGE_CMD = [os.path.realpath(sys.executable), "-I", "-S", "-B", "-c",
+              "import select, sys; sys.path.insert(0, sys.stdin.buffer.readline()[:-1].decode()); "
+              "import sandbox_judge; del sys.path[0]; sandbox_judge.main()"]
+_JUDGE_DIR = _HERE.encode() + b"\n"
 _UNSHARE = ["unshare", "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
 
 
@@ -91,7 +107,7 @@ class Limits:
 @cache
 def _judge_cmd() -> list[str]:
     """The judge's command line, after making sure its bytecode is cached (else ~10 ms a run)."""
-    for name in ("sandbox_judge.py", "sandbox_harness.py"):
+    for name in ("sandbox_judge.py", "sandbox_harness.py", "sandbox_checks.py", "sandbox_cgroup.py", "sandbox_fs.py"):
         with contextlib.suppress(OSError, py_compile.PyCompileError):  # a read-only install: slower
             py_compile.compile(os.path.join(_HERE, name), doraise=True)
     return _JUDGE_CMD
@@ -109,7 +125,8 @@ def _probe() -> tuple[dict[str, bool], str]:
     if not all(found.values()):
         return found | {"namespaces": False}, ""
     try:
-        out = subprocess.run([*_UNSHARE, *_judge_cmd(), "--probe"], capture_output=True, env={}, timeout=30)
+        out = subprocess.run([*_UNSHARE, *_judge_cmd(), "--probe"], input=_JUDGE_DIR, capture_output=True, env={},
+                             timeout=30)
         return found | {"namespaces": True} | marshal.loads(out.stdout), ""
     except (subprocess.SubprocessError, OSError, EOFError, ValueError, TypeError) as exc:
         stderr = out.stderr[-300:].decode(errors="replace") if "out" in locals() else ""
@@ -130,36 +147,72 @@ def require_isolation() -> None:
             "process session only.")
 
 
-def run_program(code: str, *, inputs: list[str] | None = None, checks: list[list[dict]] | None = None,
-                limits: Limits = Limits(), isolate: bool = True) -> dict:
-    """Run `code` once per stdin string in `inputs` (io style), or once with `checks` (assert style).
+def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] | None = None,
+                limits: Limits = Limits(), isolate: bool = True, sandbox_checks: bool = True) -> dict:
+    """Run `code` once per stdin string in `inputs` (io style), or decide `tests` against it.
 
-    `checks[i]` lists test i's checks, each {"eq": [src | None, src | None]} (the runner reports the
-    value of each non-None side), {"truth": src} or {"stmt": src}. Returns {"tests": [{"outcome",
-    "msgs", "stderr", "stdout" (io)}, ...], "attempts": n, "leaked": n} or {"error": text}.
+    Each of `tests` is Python source the judge runs itself, calling into the program (see
+    `sandbox_checks`); `sandbox_checks=False` fails a test the judge cannot decide ("undecidable")
+    instead of running it inside the sandbox. Returns {"tests": [{"outcome", "stderr", "stdout"
+    (io), "detail" and "decided" (tests)}, ...], "attempts": n, "leaked": n} or {"error": text}.
     """
-    n_tests = len(inputs if inputs is not None else checks or [])
+    n_tests = len(inputs if inputs is not None else tests or [])
     uid = UID_MIN + secrets.randbelow(UID_MAX - UID_MIN)
-    spec = {"code": code, "inputs": inputs, "checks": checks, "uid": uid, "isolate": isolate,
-            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s),
-            "memory_mb": int(limits.memory_mb), "max_output_bytes": int(limits.max_output_bytes)}
+    cgroup = _job_cgroup(f"feedbackrl-{uid}", limits.memory_mb) if isolate else None
+    # With a cgroup counting real memory, the address-space limit only stops absurd reservations
+    # (thread stacks and malloc arenas reserve far more than they use).
+    address_space_mb = max(4 * limits.memory_mb, limits.memory_mb + 1024) if cgroup else limits.memory_mb
+    spec = {"code": code, "inputs": inputs, "tests": tests, "uid": uid, "isolate": isolate,
+            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s), "cgroup": cgroup,
+            "memory_mb": int(limits.memory_mb), "address_space_mb": int(address_space_mb),
+            "max_output_bytes": int(limits.max_output_bytes), "sandbox_checks": bool(sandbox_checks),
+            "seccomp": _seccomp() if isolate else None}
     # A crash can cost a test a reload as well: two deadlines per test, plus start-up slack.
     budget = 2 * (n_tests + 1) * limits.timeout_s + 10
     cmd = [*_UNSHARE, *_judge_cmd()] if isolate else _judge_cmd()
-    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env={}, cwd="/", start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(marshal.dumps(spec), timeout=budget)
-        except subprocess.TimeoutExpired:
-            out, err = b"", b"the judge overran the job's overall deadline"
-        finally:
-            _kill_group(proc.pid)  # --kill-child takes the judge, and with it the PID namespace
-    leaked = _kill_uid(uid) if os.geteuid() == 0 else 0
+    try:
+        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={}, cwd="/", start_new_session=True) as proc:
+            try:
+                out, err = proc.communicate(_JUDGE_DIR + marshal.dumps(spec), timeout=budget)
+            except subprocess.TimeoutExpired:
+                out, err = b"", b"the judge overran the job's overall deadline"
+            finally:
+                _kill_group(proc.pid)  # --kill-child takes the judge, and with it the PID namespace
+    finally:
+        leaked = sandbox_cgroup.remove(cgroup) if cgroup else 0
+    leaked += _kill_uid(uid) if os.geteuid() == 0 else 0
     try:
         return marshal.loads(out) | {"leaked": leaked}
     except (EOFError, ValueError, TypeError):
         tail = err[-500:].decode(errors="replace")
         return {"error": f"sandbox failed (exit {proc.returncode}): {tail}", "leaked": leaked}
+
+
+@cache
+def cgroup_available() -> bool:
+    """Whether jobs here get a cgroup (memory and process limits that count everything)."""
+    job, _ = sandbox_cgroup.create(f"feedbackrl-probe-{os.getpid()}", 64, NPROC)
+    if job is not None:
+        sandbox_cgroup.remove(job)
+    return job is not None
+
+
+def _seccomp() -> bytes | None:
+    program, why = sandbox_seccomp.bpf()
+    if program is None and not _SECCOMP_WARNED:
+        _SECCOMP_WARNED.append(why)
+        log.warning("sandbox: runners go without a seccomp filter (%s); the namespaces and uid still hold", why)
+    return program
+
+
+def _job_cgroup(name: str, memory_mb: int) -> dict | None:
+    job, why = sandbox_cgroup.create(name, memory_mb, NPROC)
+    if job is None and not _CGROUP_WARNED:
+        _CGROUP_WARNED.append(why)
+        log.warning("sandbox: no cgroup for the job's memory and processes (%s); falling back to rlimits, "
+                    "which do not count in-memory files or shared memory", why)
+    return job
 
 
 def _kill_group(pgid: int) -> None:

@@ -1,17 +1,22 @@
-"""Inside the sandbox's runner process: run the program, then the tests' checks; report on fd 3.
+"""Inside the sandbox's runner process: run the program, then serve the judge's calls into it.
 
-Standard library only (it runs under `python -I -S`, loaded by `sandbox_judge.py`). The runner is
-already locked down (uid, rlimits, fds 0-3) when `run` is called; see `sandbox.py` for the threat
-model. Reports are lines `<nonce> <message>` on fd 3; messages, with `i j k` = test, check, side:
+A fresh interpreter (`python -I -S -B`, standard library only) that the judge starts with `execve`
+once the process is locked down (uid, rlimits, fds), so nothing of the judge's memory (the tests
+included) is in it; see `sandbox.py` for the threat model. fd 4 holds the job (marshal: code,
+nonce, mode). Reports are lines `<nonce> <message>` on fd 3:
 
-    L                 the program loaded (its top level ran to the end)
-    E <ExcName>       the program's top level raised (SystemExit included, in assert style)
-    V i j k <json>    value of side k of an `a == b` check, encoded by `encode`
-    T i j 0|1         a truth or statement check failed or held
-    F i j <ExcName>   evaluating check j raised (or its value was not a plain builtin value)
-    D i               test i finished (its checks stop at the first failure)
+    L <names>         the program loaded (its top level ran); <names> is `encode`d [[name, kind], ...]
+    E <ExcName>       the program's top level raised (SystemExit included, in call mode)
+    R <seq> v <json>  reply to request <seq>: a plain value, encoded by `encode`
+    R <seq> h <n> <T> reply: not plain data, kept here as handle <n> (of type T)
+    R <seq> e <Exc>   reply: the request raised Exc
 
-The host decides pass/fail from these; expected values never reach this process.
+In call mode, requests come from the judge on fd 0 as length-prefixed marshal tuples
+(seq, op, target, arg): op "get" (a global, or an attribute of a handle), "call" (arg is (args,
+kwargs, [(position or keyword, handle)]): plain data, and handles in the listed places), "list"
+(materialise an iterable) or "exec" (a test the judge could not decide, run here, in the
+program's namespace). The judge decides every check; this process only
+computes values, and the judge trusts nothing it says beyond plain data.
 """
 
 from __future__ import annotations
@@ -22,125 +27,142 @@ import sys
 # Taken at import, before any program runs. After it starts, the harness reaches builtins only
 # through these saved references (and methods of the exact builtin types, which Python code cannot
 # patch), so a program that rebinds `builtins.int`, `eval`, `BaseException`, ... cannot bend it.
-_eval, _exec, _compile, _type, _isinstance, _id, _len = eval, exec, compile, type, isinstance, id, len
-_int, _float, _complex, _str, _bytes, _dict = int, float, complex, str, bytes, dict
-_enumerate = enumerate
-_BaseException, _SystemExit, _CodeType = BaseException, SystemExit, type(_compile("0", "", "eval"))
-# Keyed by id: a metaclass can fake __eq__/__hash__ to look like `bool`, but not its id.
-_TRUTH_TYPES = frozenset(map(id, (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset,
-                                  type(None))))
+_exec, _compile, _type, _isinstance, _id, _len, _callable = exec, compile, type, isinstance, id, len, callable
+_int, _float, _complex, _str, _bytes, _dict, _list = int, float, complex, str, bytes, dict, list
+_enumerate, _getattr = enumerate, getattr
+_BaseException, _SystemExit = BaseException, SystemExit
 _SEQ_TAGS = {id(list): "l", id(tuple): "t", id(set): "S", id(frozenset): "F"}
 _BASES = (str, bytes, int, float, complex, list, tuple, dict, set, frozenset)
 _FLOAT_TOKENS = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
+_LIST_CAP = 100_000  # items taken from an iterable the judge asks to materialise
 
 
-def run(spec: dict, start: int | None) -> int:
-    """Run the program as __main__, then (assert style) tests start..; returns the exit code."""
+def main() -> int:
+    """Entry point after `execve`: read the job from fd 4 and run it; returns the exit code."""
+    import marshal
+
+    with open(4, "rb") as f:
+        job = marshal.loads(f.read())
+    return run(job["code"], job["nonce"], job["serve"])
+
+
+def run(code: str, nonce_text: str, serve: bool) -> int:
+    """Run the program as __main__, then (call mode) serve requests until fd 0 closes."""
     import builtins
     import io
     import types
 
-    nonce, write = spec["nonce"].encode(), os.write
+    nonce, write = nonce_text.encode(), os.write
 
     def report(line: str) -> None:
         write(3, nonce + b" " + line.encode() + b"\n")
 
-    # Compiled before the program runs, so it cannot replace `compile` under us.
-    tests = [] if start is None else [[_compile_check(c) for c in t] for t in spec["checks"][start:]]
+    os.environ.clear()  # interpreter start-up may set LC_CTYPE (locale coercion)
     original = dict(builtins.__dict__)
+    requests = os.dup(0) if serve else -1
+    if serve:  # the program's stdin is empty; the judge's requests stay on a private fd
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
     sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
     stdout = sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
     sys.argv = ["program.py"]
     sys.modules.pop(__name__, None)  # `import sandbox_harness` must not hand the program our globals
-    main = sys.modules["__main__"] = types.ModuleType("__main__")  # nor `import __main__` the judge's
-    ns = main.__dict__
+    main_module = sys.modules["__main__"] = types.ModuleType("__main__")
+    ns = main_module.__dict__
     try:
-        _exec(_compile(spec["code"], "program.py", "exec"), ns)
+        _exec(_compile(code, "program.py", "exec"), ns)
     except _SystemExit as exc:
-        if start is not None:
-            report("E SystemExit")  # the asserts never ran: an early exit, whatever the code
+        if serve:
+            report("E SystemExit")  # the tests never ran: an early exit, whatever the code
         return _exit_code(exc, stdout)
     except _BaseException as exc:
         report(f"E {_name(exc)}")
         _print_exception(exc)
         return 1
-    if start is None:
+    if not serve:
         return _finish_script(stdout)
-    report("L")
-    for i, checks in _enumerate(tests, start):
-        for j, check in _enumerate(checks):
-            if not _run_check(check, _test_scope(ns, check, original), report, f"{i} {j}"):
-                break
-        report(f"D {i}")
+    names = [[k, "c" if _callable(v) else "v"] for k, v in _list(_dict.items(ns))
+             if _type(k) is _str and not k.startswith("__")]
+    report(f"L {encode(names)}")
+    _serve(requests, ns, original, report)
+    _flush(stdout)
     return 0
 
 
-def _compile_check(check: dict) -> tuple[str, list, list[str]]:
-    """(kind, code objects, builtin-looking names they use); kind "error" if it does not compile."""
-    kind, src = next(iter(check.items()))
+def _serve(fd: int, ns: dict, original: dict, report: object) -> None:
+    import marshal
+
+    handles: list = []
+    while True:
+        frame = _read_exactly(fd, 4)
+        if frame is None:
+            return
+        request = _read_exactly(fd, _int.from_bytes(frame, "big"))
+        if request is None:
+            return
+        seq, op, target, arg = marshal.loads(request)
+        try:
+            reply = "v " + encode(_answer(op, target, arg, ns, original, handles))
+        except _Handle as kept:
+            handles.append(kept.value)
+            reply = f"h {_len(handles) - 1} {_name_of(_type(kept.value))}"
+        except _BaseException as exc:
+            reply = f"e {_name(exc)}"
+        report(f"R {seq} {reply}")
+
+
+class _Handle(Exception):  # noqa: N818 - a signal, not an error
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+def _answer(op: str, target: object, arg: object, ns: dict, original: dict, handles: list) -> object:
+    if op == "exec":
+        scope = _dict(ns)
+        scope["__builtins__"] = _dict(original)
+        _exec(_compile(arg, "<test>", "exec"), scope)
+        return True
+    obj = ns[target] if _type(target) is _str else handles[target]
+    if op == "get":
+        value = obj if arg is None else _getattr(obj, arg)
+    elif op == "call":
+        args, kwargs, kept = arg
+        for key, handle in kept:  # arguments that are the program's own objects, by handle
+            (args if _type(key) is _int else kwargs)[key] = handles[handle]
+        value = obj(*args, **kwargs)
+    elif op == "list":
+        value = []
+        for item in obj:
+            if _len(value) >= _LIST_CAP:
+                break
+            value.append(item)
+    else:
+        raise ValueError(op)
     try:
-        if kind == "eq":
-            codes = [None if s is None else _compile(s, "<test>", "eval") for s in src]
-        else:
-            codes = [_compile(src, "<test>", "eval" if kind == "truth" else "exec")]
-    except _BaseException as exc:
-        return "error", [_name(exc)], []
-    names: list[str] = []
-    stack = [c for c in codes if c is not None]
-    while stack:  # nested code too: comprehensions and lambdas in the test
-        code = stack.pop()
-        names += [n for n in code.co_names if not n.startswith("__")]
-        stack += [c for c in code.co_consts if _type(c) is _CodeType]
-    return kind, codes, names
+        encode(value)
+    except Unencodable:
+        raise _Handle(value) from None
+    return value
 
 
-def _test_scope(ns: dict, check: tuple[str, list, list[str]], original: dict) -> dict:
-    """The program's globals, but the builtins a test names are the real ones.
-
-    Tests are written against Python's builtins: a program that defines `isinstance` or `sorted`
-    at top level (or patches `builtins`) changes what its own code sees, not what the test sees.
-    """
-    scope = _dict(ns)
-    scope["__builtins__"] = _dict(original)
-    for name in check[2]:
-        if name in original:
-            scope[name] = original[name]
-    return scope
-
-
-def _run_check(check: tuple[str, list, list[str]], scope: dict, report: object, ij: str) -> bool:
-    """Evaluate one check and report what it saw; True if the test's next check should run."""
-    kind, codes, _ = check
-    try:
-        if kind == "error":
-            report(f"F {ij} {codes[0]}")
-            return False
-        if kind == "eq":
-            for k, code in _enumerate(codes):  # each side is reported before the next one runs
-                if code is not None:
-                    report(f"V {ij} {k} {encode(_eval(code, scope))}")
-            return True
-        if kind == "truth":
-            value = _eval(codes[0], scope)
-            # Truthiness of a program-defined class is whatever its __bool__ says: refuse it.
-            ok = value is True or (_id(_type(value)) in _TRUTH_TYPES and not not value)  # noqa: SIM208
-        else:
-            _exec(codes[0], scope)
-            ok = True
-        report(f"T {ij} {'1' if ok else '0'}")
-        return ok
-    except _BaseException as exc:
-        report(f"F {ij} {_name(exc)}")
-        return False
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    data = b""
+    while _len(data) < n:
+        chunk = os.read(fd, n - _len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
 
 
 class Unencodable(Exception):
-    """A value that is not made of plain builtin types, so the host cannot compare it safely."""
+    """A value that is not made of plain builtin types, so the judge cannot compare it safely."""
 
 
 def encode(value: object, depth: int = 0) -> str:
-    """JSON text for a plain builtin value, tagged so the host can rebuild it exactly.
+    """JSON text for a plain builtin value, tagged so the judge can rebuild it exactly.
 
     Only exact builtin types are encoded, by C-level methods, so no program code runs while the
     harness encodes; subclasses are accepted when they keep the builtin `__eq__`. An object with

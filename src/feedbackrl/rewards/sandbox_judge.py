@@ -1,11 +1,15 @@
 """Inside the sandbox: the judge, PID 1 of a fresh PID namespace, supervising one job.
 
 Started by `sandbox.run_program` as `unshare ... python -I -S -B -c "...; sandbox_judge.main()"`
-(imported, not run as a script, so its bytecode is cached), with the job (a marshal dict) on
-stdin; writes {"tests": [...], "attempts": n} (marshal) to stdout. The judge runs only our code,
-as root: it isolates the filesystem, then forks one runner per attempt, which drops to the job's
-uid and runs `sandbox_harness.run`. Standard library only, and no module that is slow to import
-(dataclasses, tempfile, ...: every execution pays for them). Threat model: `sandbox.py`.
+(imported, not run as a script, so its bytecode is cached), with our directory as the first line
+of stdin and then the job (a marshal dict); writes {"tests": [...], "attempts": n} (marshal) to
+stdout. The judge runs only our code, as root: it builds the job's root (`sandbox_fs`), then
+starts one runner per attempt (fork, lock down, execve a fresh interpreter running
+`sandbox_harness`). io tests: the runner reads stdin and the judge collects its output. Assert
+tests: the judge runs each test itself (`sandbox_checks`), sending the runner one request per
+call into the program. Standard library only, and no module that is slow to import
+(dataclasses, tempfile, typing, signal, collections, json, ...: every job pays for them).
+Threat model: `sandbox.py`.
 """
 
 from __future__ import annotations
@@ -17,87 +21,37 @@ import select
 import sys
 import time
 
-import sandbox_harness  # a sibling: the launcher puts our directory on sys.path, then takes it off
+# Siblings: the launcher puts our directory on sys.path, then takes it off.
+import sandbox_cgroup
+import sandbox_checks
+import sandbox_fs
+import sandbox_harness
+from sandbox_fs import MS_NODEV, MS_NOSUID, WORKDIR
 
 PROBE_FLAG = "--probe"
-WORKDIR = "/tmp/w"
 TMPFS_MB = 64  # per-attempt working directory; also the largest file a program may write
 NPROC = 64  # processes + threads per job; counted per uid, and each job has its own uid
+NOFILE = 64  # open files per runner
+_CLONE_NEWIPC = 0x08000000
+# The runner's interpreter: a fresh image, so nothing of the judge's memory (the tests) is in it.
+# The harness travels compiled, in the job, so the new root needs none of our files.
+_BOOT = ("import marshal, os\nwith open(4, 'rb') as f:\n    job = marshal.loads(f.read())\n"
+         "harness = {'__name__': 'sandbox_harness'}\nexec(marshal.loads(job['harness']), harness)\n"
+         "os._exit(harness['run'](job['code'], job['nonce'], job['serve']))")
+
+
+def _harness_code() -> bytes:
+    """The harness's code object, marshalled: from its bytecode cache (cheap), else compiled."""
+    try:
+        with open(sandbox_harness.__cached__, "rb") as f:
+            return f.read()[16:]  # after the .pyc header
+    except (OSError, TypeError):
+        with open(sandbox_harness.__file__) as f:
+            return marshal.dumps(compile(f.read(), "sandbox_harness.py", "exec"))
+
+
+_HARNESS_CODE = _harness_code()
 STDERR_TAIL = 2000  # bytes of stderr kept per attempt
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
-
-
-class _Libc:
-    """The syscalls the standard library lacks: mount, umount2 and prctl."""
-
-    def __init__(self) -> None:
-        import ctypes
-
-        self.ctypes = ctypes
-        self.lib = ctypes.CDLL(None, use_errno=True)
-
-    def mount(self, src: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
-        enc = lambda s: None if s is None else s.encode()
-        if self.lib.mount(enc(src), enc(target), enc(fstype), flags, enc(data or None)) != 0:
-            errno = self.ctypes.get_errno()
-            raise OSError(errno, f"mount {src} on {target}: {os.strerror(errno)}")
-
-    def umount(self, target: str) -> None:
-        self.lib.umount2(target.encode(), 2)  # MNT_DETACH; failing just means nothing was there
-
-    def no_new_privs(self) -> None:
-        self.lib.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: setuid binaries gain nothing
-
-
-def isolate_fs(libc: _Libc) -> None:
-    """Private mounts, a fresh /proc, /root and /home hidden, every mount read-only and nosuid."""
-    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here reaches the host
-    libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    # The Python install must stay readable by the runner's uid even if it lives under /root.
-    # Resolve its paths before /tmp is covered: a venv under /tmp (a CI clone, say) links to it.
-    exe_dir = os.path.dirname(os.path.realpath(sys.executable))
-    prefixes: list[str] = []
-    for p in sorted({os.path.realpath(sys.base_prefix), exe_dir}):
-        if not any(p.startswith(q + "/") for q in prefixes):
-            prefixes.append(p)
-    libc.mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
-    os.makedirs(WORKDIR)
-    hidden = [d for d in ("/root", "/home") if os.path.isdir(d)]
-    hidden += [a for p in prefixes if (a := _closed_ancestor(p)) and a not in hidden]
-    buried = [p for p in prefixes if any(p.startswith(d + "/") for d in hidden)]
-    staged = [(f"/tmp/.py{i}", p) for i, p in enumerate(buried)]
-    for stage, prefix in staged:
-        os.mkdir(stage)
-        libc.mount(prefix, stage, None, _MS_BIND | _MS_REC)
-    for d in hidden:
-        libc.mount("tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
-    for stage, prefix in staged:
-        os.makedirs(prefix)
-        libc.mount(stage, prefix, None, _MS_MOVE)
-    _readonly_all(libc)
-
-
-def _closed_ancestor(path: str) -> str | None:
-    """The first directory above `path` that others cannot traverse (e.g. /root, mode 700)."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts)):
-        d = "/" + "/".join(parts[:i])
-        if not os.stat(d).st_mode & 0o001:
-            return d
-    return None
-
-
-def _readonly_all(libc: _Libc) -> None:
-    """Remount every mount in this namespace read-only and nosuid (devices keep working)."""
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4].encode().decode("unicode_escape") for line in f]  # octal escapes
-    for point in points:
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID
-        try:
-            libc.mount(None, point, None, flags)
-        except OSError:  # a mount with nodev/noexec must keep them when remounted
-            libc.mount(None, point, None, flags | _MS_NODEV | _MS_NOEXEC)
 
 
 class Attempt:
@@ -110,72 +64,199 @@ class Attempt:
         self.cpu_s, self.stdout, self.stderr, self.msgs = cpu_s, stdout, stderr, msgs
 
 
+class Runner:
+    """One runner process (forked, locked down, then a fresh interpreter) and its pipes.
+
+    io style: `stdin` is the program's input and the runner ends by itself. Call style
+    (`stdin=None`): fd 0 carries the judge's requests and the runner serves until it is killed.
+    """
+
+    def __init__(self, judge: Judge, stdin: bytes | None) -> None:
+        judge.attempts += 1
+        self.judge, self.workdir = judge, judge.fresh_workdir()
+        job = _memfd(marshal.dumps({"code": judge.spec["code"], "nonce": judge.spec["nonce"],
+                                    "serve": stdin is None, "harness": _HARNESS_CODE}))
+        if stdin is None:
+            child_in, self.requests = os.pipe()
+        else:
+            child_in, self.requests = _memfd(stdin), -1
+        pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, reports
+        pid = os.fork()
+        if pid == 0:
+            _runner(judge, self.workdir, [child_in, *[w for _, w in pipes], job])  # never returns
+        for fd in (child_in, job, *[w for _, w in pipes]):
+            os.close(fd)
+        self.pid, self.pidfd, self.fds = pid, os.pidfd_open(pid), [r for r, _ in pipes]
+        self.poller = select.poll()
+        for fd in [*self.fds, self.pidfd]:
+            self.poller.register(fd, select.POLLIN)
+        self.bufs = [bytearray(), bytearray(), bytearray()]  # stdout, stderr tail, reports
+        self.open_fds, self.total, self.end, self.msgs, self.parsed = set(self.fds), 0, None, [], 0
+        self.events = judge.memory_events()
+
+    def pump(self, deadline: float, want: object) -> bool:
+        """Read the pipes until `want()` holds (True) or the runner exits, overruns or overwrites."""
+        cap = self.judge.spec["max_output_bytes"]
+        while not want():
+            left = deadline - time.monotonic()
+            if self.end is not None or left <= 0:
+                self.end = self.end or "timeout"
+                return False
+            for fd, _ in self.poller.poll(left * 1000):
+                if fd == self.pidfd:
+                    self.end = "exit"
+                    continue
+                self.total += _read_into(fd, self.bufs[self.fds.index(fd)], self.poller, self.open_fds)
+                del self.bufs[1][:-STDERR_TAIL]
+                if self.total > cap:
+                    self.end = "output_limit"
+            self._parse()
+        return True
+
+    def loaded(self) -> bool:
+        return any(m[:2] in ("L ", "E ") for m in self.msgs)
+
+    def _parse(self) -> None:
+        buf, prefix = self.bufs[2], self.judge.spec["nonce"] + " "
+        end = buf.rfind(b"\n") + 1
+        if end > self.parsed:
+            for line in bytes(buf[self.parsed:end]).decode(errors="replace").split("\n")[:-1]:
+                if line.startswith(prefix):  # a line without the job's nonce is a forgery: dropped
+                    self.msgs.append(line[len(prefix):])
+            self.parsed = end
+
+    def request(self, req: tuple, deadline: float) -> tuple[str, str] | None:
+        """Send one request; its reply (kind, rest), or None if the runner ended first."""
+        data = marshal.dumps(req)
+        try:
+            os.write(self.requests, len(data).to_bytes(4, "big") + data)
+        except BrokenPipeError:
+            self.end = self.end or "exit"
+        tag, first = f"R {req[0]} ", len(self.msgs)
+        mine = lambda: next((m for m in self.msgs[first:] if m.startswith(tag)), None)
+        if not self.pump(deadline, lambda: mine() is not None):
+            return None
+        kind, _, rest = mine()[len(tag):].partition(" ")
+        return kind, rest
+
+    def finish(self) -> Attempt:
+        """Kill the runner and everything it started, drain its pipes, say how it ended."""
+        cap = self.judge.spec["max_output_bytes"]
+        if self.requests >= 0:
+            os.close(self.requests)
+        os.close(self.pidfd)
+        status, cpu_s = self.judge.reap(self.pid)
+        for fd, buf in zip(self.fds, self.bufs, strict=True):  # the writers are dead: drain up to the cap
+            # (a short wait, not EOF: outside a PID namespace an escaped daemon may hold the pipe)
+            while fd in self.open_fds and self.total <= cap and select.select([fd], [], [], 0.05)[0]:
+                self.total += _read_into(fd, buf, self.poller, self.open_fds)
+            os.close(fd)
+        self._parse()
+        if self.judge.libc is None:
+            import shutil
+
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        end = self.end or "exit"
+        if end == "exit" and os.WIFSIGNALED(status):
+            end, code = "signal", os.WTERMSIG(status)
+        else:
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+        if not (end == "exit" and code == 0) and self.judge.memory_events() != self.events:
+            end = "memory"  # it failed after reaching the job's memory limit: that is why
+        return Attempt(end, code, cpu_s, bytes(self.bufs[0][:cap]), bytes(self.bufs[1][-STDERR_TAIL:]),
+                       tuple(self.msgs))
+
+
 class Judge:
-    """Forks runners, watches them with deadlines and caps, and kills everything they leave."""
+    """Starts runners, decides the tests with deadlines and caps, and kills everything they leave."""
 
     def __init__(self, spec: dict) -> None:
         self.spec = spec
-        self.libc = _Libc() if spec["isolate"] else None
+        self.libc = sandbox_fs.Libc() if spec["isolate"] else None
         self.pid1 = os.getpid() == 1  # only then is kill(-1) confined to the job
         self.root = os.geteuid() == 0
-        self.cpu_s = int(spec["timeout_s"] * (len(spec["checks"] or []) + 1)) + 1
-        self.attempts = 0
+        self.cpu_s = int(spec["timeout_s"] * (len(spec["tests"] or []) + 1)) + 1
+        self.attempts, self.shielded = 0, False
+        self.cgroup = sandbox_cgroup.open_job(spec["cgroup"]) if spec.get("cgroup") else None
+
+    def memory_events(self) -> int:
+        return self.cgroup.limit_hits() if self.cgroup else 0
 
     def run(self) -> list[dict]:
         if self.spec["inputs"] is not None:
             return [self._io_test(stdin) for stdin in self.spec["inputs"]]
-        results: list[dict] = []
-        while len(results) < len(self.spec["checks"]):
-            results += self._assert_tests(start=len(results))
-        return results
+        return self._assert_tests()
 
     def _io_test(self, stdin: str) -> dict:
-        att = self._attempt(stdin.encode("utf-8", "surrogateescape"), start=None)
+        runner = Runner(self, stdin.encode("utf-8", "surrogateescape"))
+        runner.pump(time.monotonic() + self.spec["timeout_s"], lambda: False)
+        att = runner.finish()
         outcome = "done" if att.end == "exit" and att.status == 0 else self._failure(att, io=True)
         return {"outcome": outcome, "stdout": att.stdout.decode(errors="replace"),
-                "stderr": att.stderr.decode(errors="replace"), "msgs": list(att.msgs)}
+                "stderr": att.stderr.decode(errors="replace")}
 
-    def _assert_tests(self, start: int) -> list[dict]:
-        """Run tests start.. in one runner; stop at the first test it did not finish."""
-        att = self._attempt(b"", start=start)
-        n = len(self.spec["checks"])
-        results = []
-        for i in range(start, n):
-            mine = [m for m in att.msgs if m.split(" ", 2)[1:2] == [str(i)]]
-            if "L" in att.msgs and f"D {i}" in mine:
-                results.append({"outcome": "done", "msgs": mine, "stderr": ""})
-                continue
-            failed = {"outcome": self._failure(att, io=False), "msgs": mine,
-                      "stderr": att.stderr.decode(errors="replace")}
-            if "L" in att.msgs:  # test i ended its runner; the next tests get a fresh one
-                return [*results, failed]
-            return [failed] * (n - start)  # the program did not load: every test fails alike
+    def _assert_tests(self) -> list[dict]:
+        """Each test runs here, calling into a runner; a runner that dies is replaced for the next."""
+        tests, results, runner = self.spec["tests"], [], None
+        for i, source in enumerate(tests):
+            if runner is None:
+                runner = Runner(self, None)
+                runner.pump(time.monotonic() + self.spec["timeout_s"], runner.loaded)
+                names = next((m[2:] for m in runner.msgs if m.startswith("L ")), None)
+                if names is None:  # the program did not load: every test fails alike
+                    att = runner.finish()
+                    failed = {"outcome": self._failure(att, io=False), "stderr": att.stderr.decode(errors="replace")}
+                    return results + [failed] * (len(tests) - i)
+            result = self._one_test(runner, source, dict(sandbox_checks.decode_value(names)))
+            results.append(result)
+            if "stderr" in result:  # the runner died or was killed: the next test gets a fresh one
+                runner = None
+        if runner is not None:
+            runner.finish()
         return results
 
-    def _attempt(self, stdin: bytes, start: int | None) -> Attempt:
-        self.attempts += 1
-        workdir = self._fresh_workdir()
-        stdin_fd = os.memfd_create("stdin")  # any size, no writer to block
-        os.write(stdin_fd, stdin)
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
-        pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, reports
-        pid = os.fork()
-        if pid == 0:
-            _runner(self, workdir, stdin_fd, [w for _, w in pipes], start)  # never returns
-        for _, w in pipes:
-            os.close(w)
-        os.close(stdin_fd)
+    def _one_test(self, runner: Runner, source: str, names: dict[str, str]) -> dict:
+        deadline = time.monotonic() + self.spec["timeout_s"]
+        died: list[Attempt] = []
+
+        def send(req: tuple) -> tuple[str, str] | str:
+            reply = runner.request(req, deadline + 0.5)  # the alarm below normally fires first
+            if reply is not None:
+                return reply
+            self.shielded = True
+            died.append(runner.finish())
+            self.shielded = False
+            return self._failure(died[0], io=False)
+
+        conn = sandbox_checks.Connection(send)
+
+        def alarm(*_: object) -> None:
+            conn.stopped = conn.stopped or "timeout"
+            if not self.shielded:
+                raise sandbox_checks.Stop("timeout")
+
+        _signal.signal(_signal.SIGALRM, alarm)
+        _signal.setitimer(_signal.ITIMER_REAL, self.spec["timeout_s"])
         try:
-            return self._watch(pid, [r for r, _ in pipes], start)
+            reason, detail = sandbox_checks.evaluate(source, conn, names)
+            decided = "judge"
+            if reason == "undecidable" and self.spec["sandbox_checks"]:
+                conn.stopped, decided = "", "sandbox"
+                reason, detail = sandbox_checks.evaluate_inside(source, conn)
         finally:
-            for r, _ in pipes:
-                os.close(r)
-            if self.libc is None:
-                import shutil
+            self.shielded = True
+            _signal.setitimer(_signal.ITIMER_REAL, 0)
+            self.shielded = False
+        result = {"outcome": reason, "detail": detail, "decided": decided}
+        if conn.stopped and not died and not conn.stopped.startswith("undecidable"):
+            died.append(runner.finish())  # timed out mid-test: its state is unknown
+        if died:
+            if died[0].end == "memory":
+                result["outcome"], result["detail"] = "memory", "the job's memory limit was hit"
+            result["stderr"] = died[0].stderr.decode(errors="replace")
+        return result
 
-                shutil.rmtree(workdir, ignore_errors=True)
-
-    def _fresh_workdir(self) -> str:
+    def fresh_workdir(self) -> str:
         uid = self.spec["uid"]
         if self.libc is None:
             import tempfile
@@ -186,45 +267,10 @@ class Judge:
             return workdir
         for target, opts in ((WORKDIR, f"uid={uid},gid={uid},mode=700"), ("/dev/shm", "mode=1777")):
             self.libc.umount(target)  # the previous attempt's files go with its tmpfs
-            self.libc.mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={TMPFS_MB}m,{opts}")
+            self.libc.mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMPFS_MB}m,{opts}")
         return WORKDIR
 
-    def _watch(self, pid: int, fds: list[int], start: int | None) -> Attempt:
-        """Read the runner's pipes until it exits, its deadline passes or it writes too much."""
-        timeout, cap, nonce = self.spec["timeout_s"], self.spec["max_output_bytes"], self.spec["nonce"]
-        pidfd = os.pidfd_open(pid)
-        poller = select.poll()
-        for fd in [*fds, pidfd]:
-            poller.register(fd, select.POLLIN)
-        bufs = [bytearray(), bytearray(), bytearray()]  # stdout, stderr tail, reports
-        deadline, end, total, done, open_fds = time.monotonic() + timeout, None, 0, 0, set(fds)
-        while end is None and (left := deadline - time.monotonic()) > 0:
-            for fd, _ in poller.poll(left * 1000):
-                if fd == pidfd:
-                    end = "exit"
-                    continue
-                total += _read_into(fd, bufs[fds.index(fd)], poller, open_fds)
-                if fd == fds[2] and start is not None:
-                    stages = sum(m[:1] in "LD" for m in _messages(bufs[2], nonce))
-                    if stages > done:  # the load or a test finished: the next one gets its own deadline
-                        deadline, done = time.monotonic() + timeout, stages
-                del bufs[1][:-STDERR_TAIL]
-                if total > cap:
-                    end = "output_limit"
-        os.close(pidfd)
-        status, cpu_s = self._reap(pid)
-        for fd, buf in zip(fds, bufs, strict=True):  # the writers are dead: drain up to the cap
-            # (a short wait, not EOF: outside a PID namespace an escaped daemon may hold the pipe)
-            while fd in open_fds and total <= cap and select.select([fd], [], [], 0.05)[0]:
-                total += _read_into(fd, buf, poller, open_fds)
-        if end == "exit" and os.WIFSIGNALED(status):
-            end, code = "signal", os.WTERMSIG(status)
-        else:
-            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-        return Attempt(end or "timeout", code, cpu_s, bytes(bufs[0][:cap]), bytes(bufs[1][-STDERR_TAIL:]),
-                       tuple(_messages(bufs[2], nonce)))
-
-    def _reap(self, pid: int) -> tuple[int, float]:
+    def reap(self, pid: int) -> tuple[int, float]:
         """Kill the runner and everything it started; return its wait status and CPU seconds."""
         self._kill_all(pid)
         _, status, usage = os.wait4(pid, 0)
@@ -249,7 +295,7 @@ class Judge:
         """Why an attempt did not finish: one of the reasons in the verdict details."""
         exc = next((m.split()[1] for m in att.msgs if m.startswith("E ")), "")
         memory = exc == "MemoryError" or b"MemoryError" in att.stderr or b"Cannot allocate" in att.stderr
-        if att.end in ("timeout", "output_limit"):
+        if att.end in ("timeout", "output_limit", "memory"):
             return att.end
         if att.end == "signal":
             cpu_killed = att.status == _signal.SIGKILL and att.cpu_s >= self.cpu_s - 0.5
@@ -258,9 +304,16 @@ class Judge:
             return "memory" if memory else "crash"
         if memory:
             return "memory"
-        if not io and exc in ("", "SystemExit"):  # the asserts never got to report
+        if not io and exc in ("", "SystemExit"):  # the tests never got their replies
             return "early_exit"
         return "runtime_error"
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("job")  # any size, no writer to block
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _read_into(fd: int, buf: bytearray, poller: select.poll, open_fds: set[int]) -> int:
@@ -272,36 +325,41 @@ def _read_into(fd: int, buf: bytearray, poller: select.poll, open_fds: set[int])
     return len(data)
 
 
-def _messages(buf: bytes | bytearray, nonce: str) -> list[str]:
-    """Complete report lines that carry the job's nonce, nonce stripped; forgeries are dropped."""
-    prefix = nonce + " "
-    lines = bytes(buf).decode(errors="replace").split("\n")[:-1]
-    return [line[len(prefix):] for line in lines if line.startswith(prefix)]
-
-
-def _runner(judge: Judge, workdir: str, stdin_fd: int, writers: list[int], start: int | None) -> None:
-    """The forked child: lock itself down, then run the program; never returns to judge code."""
+def _runner(judge: Judge, workdir: str, fds: list[int]) -> None:
+    """The forked child: lock itself down, then become a fresh interpreter running the harness."""
     code = 1
     try:
-        _lock_down(judge, workdir, stdin_fd, writers)
-        sys.modules.pop(__name__, None)  # `import sandbox_judge` must not hand the program the judge
-        code = sandbox_harness.run(judge.spec, start)
+        _lock_down(judge, workdir, fds)
+        if judge.libc is None:  # unsafe mode: the install may be unreadable by the job's uid (/root)
+            sys.modules.pop(__name__, None)
+            code = sandbox_harness.main()
+        else:
+            os.execve(sandbox_fs.EXECUTABLE, [sandbox_fs.EXECUTABLE, "-I", "-S", "-B", "-c", _BOOT], {})
+    except BaseException as exc:
+        os.write(2, f"sandbox: the runner did not start: {type(exc).__name__}: {exc}\n".encode())
     finally:
         os._exit(code)
 
 
-def _lock_down(judge: Judge, workdir: str, stdin_fd: int, writers: list[int]) -> None:
-    """New session, fds 0-3 only, rlimits, a job-unique uid with no groups, empty environment."""
+def _lock_down(judge: Judge, workdir: str, fds: list[int]) -> None:
+    """New session and IPC namespace, the job's cgroup, fds 0-4 only, rlimits, the job's uid."""
     import resource
 
     os.setsid()
-    for target, fd in enumerate([stdin_fd, *writers]):
+    if judge.cgroup is not None:
+        judge.cgroup.enter()
+    if judge.libc is not None:
+        judge.libc.unshare(_CLONE_NEWIPC)  # SysV shm and queues die with this attempt
+    import fcntl
+
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]  # so no target overwrites a source
+    for target, fd in enumerate(moved):
         os.dup2(fd, target)
-    os.closerange(4, 1 << 16)
+    os.closerange(len(fds), 1 << 16)
     uid = judge.spec["uid"]
     for res, value in ((resource.RLIMIT_CPU, judge.cpu_s), (resource.RLIMIT_CORE, 0),
-                       (resource.RLIMIT_AS, judge.spec["memory_mb"] << 20),
-                       (resource.RLIMIT_FSIZE, TMPFS_MB << 20)):
+                       (resource.RLIMIT_AS, judge.spec["address_space_mb"] << 20),
+                       (resource.RLIMIT_FSIZE, TMPFS_MB << 20), (resource.RLIMIT_NOFILE, NOFILE)):
         resource.setrlimit(res, (value, value))
     if judge.root:  # root ignores RLIMIT_NPROC; the job's own uid does not
         resource.setrlimit(resource.RLIMIT_NPROC, (NPROC, NPROC))
@@ -310,17 +368,18 @@ def _lock_down(judge: Judge, workdir: str, stdin_fd: int, writers: list[int]) ->
         os.setresuid(uid, uid, uid)
     if judge.libc is not None:
         judge.libc.no_new_privs()
+        if judge.spec.get("seccomp"):
+            judge.libc.seccomp(judge.spec["seccomp"])
     os.chdir(workdir)
-    os.environ.clear()
 
 
-def probe_main(libc: _Libc) -> dict[str, bool]:
+def probe_main(libc: sandbox_fs.Libc) -> dict[str, bool]:
     """In a fresh sandbox: check that each isolation mechanism really holds."""
     import socket
 
     found = {"pid_namespace": os.getpid() == 1}
     try:
-        isolate_fs(libc)
+        sandbox_fs.build_root(libc)
         found["mount_namespace"] = True
     except OSError:
         found["mount_namespace"] = False
@@ -341,10 +400,10 @@ def probe_main(libc: _Libc) -> dict[str, bool]:
 def main() -> None:
     """Read the job from stdin, run it, write the results to stdout."""
     if sys.argv[1:] == [PROBE_FLAG]:
-        os.write(1, marshal.dumps(probe_main(_Libc())))
+        os.write(1, marshal.dumps(probe_main(sandbox_fs.Libc())))
         return
     judge = Judge(marshal.loads(sys.stdin.buffer.read()))
     if judge.libc is not None:
-        isolate_fs(judge.libc)
+        sandbox_fs.build_root(judge.libc)
     sys.stdout.buffer.write(marshal.dumps({"tests": judge.run(), "attempts": judge.attempts}))
     sys.stdout.buffer.flush()

@@ -39,6 +39,9 @@ from feedbackrl.models.logprobs import accepts, encode_prompts, fast_path_ok, po
 from feedbackrl.models.lora import decodable, effective_weight
 from feedbackrl.rollout import native
 
+# (rows in the whole batch, the slice of them this call generates): see `generate(rows=...)`
+Rows = tuple[int, slice]
+
 
 @dataclass
 class Rollout:
@@ -291,7 +294,7 @@ class _LlamaDecoder:
 
 
 def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: Tensor | None,
-          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+          generator: torch.Generator | None, rows: Rows | None = None) -> tuple[Tensor, Tensor]:
     """(N, V) logits -> sampled tokens (N,) and their log-probs under logits / temperature (N,)."""
     scaled = logits.float() if greedy or temperature == 1.0 else logits.float() / temperature
     logp_all = torch.log_softmax(scaled, dim=-1)
@@ -302,22 +305,25 @@ def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: T
         tok = scores.argmax(-1)
     else:
         probs = logp_all.exp() if scores is logp_all and top_p >= 1.0 else _top_p_filter(scores, top_p).softmax(-1)
-        tok = _sample(probs, generator)
+        tok = _sample(probs, generator, rows)
     return tok, logp_all.gather(-1, tok[:, None]).squeeze(1)
 
 
-def _sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+def _sample(probs: Tensor, generator: torch.Generator | None, rows: Rows | None = None) -> Tensor:
     """One draw per row of (N, V) probabilities by inverting the CDF with one uniform per row.
 
     `torch.multinomial` draws N*V exponentials per call; this draws N uniforms (4x faster here).
     The draw u is in (0, total]; the first token whose CDF reaches it is picked, so zero-probability
     tokens (top-p, banned EOS) are never picked and u == total still lands on a real token.
     The uniforms come from `generator` on its own device (a CPU generator drives a GPU model: a seed
-    draws the same uniforms wherever the model runs).
+    draws the same uniforms wherever the model runs). With `rows` = (total, slice), this is a share of a
+    batch of `total` rows: the whole batch's uniforms are drawn and the share's kept, so the share samples
+    exactly what the whole batch would have for these rows.
     """
     cdf = probs.cumsum(-1)
     device = generator.device if generator is not None else cdf.device
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=device).to(cdf.device)
+    total, keep = rows if rows is not None else (probs.shape[0], slice(None))
+    u = torch.rand(total, 1, generator=generator, dtype=cdf.dtype, device=device)[keep].to(cdf.device)
     u = (1.0 - u) * cdf[:, -1:]
     return torch.searchsorted(cdf, u).squeeze(1)
 
@@ -325,18 +331,37 @@ def _sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
 @torch.no_grad()
 def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
-             generator: torch.Generator | None = None, min_new_tokens: int = 0) -> Rollout:
+             generator: torch.Generator | None = None, min_new_tokens: int = 0,
+             rows: slice | None = None) -> Rollout:
     """Sample one completion per prompt (repeat prompts for groups). Stops per row at any of the model's
     end tokens (`models.chat.end_token_ids`: the generation config's EOS list and the tokenizer's EOS).
 
     `min_new_tokens` suppresses EOS for that many steps, as in HF `generate` (benchmarks use it to
-    make every completion exactly `max_new_tokens` long).
+    make every completion exactly `max_new_tokens` long). `rows` generates only that share of `prompts`
+    (a rollout worker's), with the whole batch's padding and sampling stream: each row's completion is
+    the one the whole batch would give it. Each decode step draws len(prompts) uniforms from `generator`.
     """
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    return generate_ids(model, tokenizer, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p, greedy,
+                        generator, min_new_tokens, rows)
+
+
+@torch.no_grad()
+def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: Tensor, prompt_mask: Tensor,
+                 max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                 generator: torch.Generator | None = None, min_new_tokens: int = 0,
+                 rows: slice | None = None) -> Rollout:
+    """`generate` from token ids: prompt_ids, prompt_mask (N, P) left-padded (multi-turn episodes continue
+    from the exact tokens sampled so far, special tokens included, which re-encoding text would not keep)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     model = decodable(model)  # a LoRA model's transformers model, adapters in place (merged by the fast decoder)
     dev = model.device  # the rollout lives where the model does
-    prompt_ids, prompt_mask = (t.to(dev) for t in encode_prompts(tokenizer, prompts))
+    prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
+    share: Rows | None = None
+    if rows is not None:
+        share = (prompt_ids.shape[0], rows)
+        prompt_ids, prompt_mask = prompt_ids[rows], prompt_mask[rows]
     n, pad = prompt_ids.shape[0], tokenizer.pad_token_id
     eos = end_token_ids(model, tokenizer).to(dev)  # (E,)
     was_training = model.training
@@ -352,7 +377,8 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
         logps = torch.zeros(n, max_new_tokens, device=dev)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         for t in range(max_new_tokens):
-            tok, logp = _pick(logits, temperature, top_p, greedy, eos if t < min_new_tokens else None, generator)
+            tok, logp = _pick(logits, temperature, top_p, greedy, eos if t < min_new_tokens else None, generator,
+                              share)
             completion_ids[:, t] = tok.masked_fill_(done, pad)
             logps[:, t] = logp.masked_fill_(done, 0.0)
             done |= torch.isin(tok, eos)

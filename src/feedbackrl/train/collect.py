@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -25,8 +26,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import RolloutConfig
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
-from feedbackrl.rollout.generate import generate
+from feedbackrl.rollout.generate import Rollout, generate
 
 # (problems, completions) -> (one verdict per completion, extra metrics for the step's log line)
 Scorer = Callable[[Sequence[Problem], Sequence[str]], tuple[list[Verdict], dict[str, float]]]
@@ -51,6 +53,14 @@ class Batch:
     rewards: Tensor  # (N,) the verdicts' scores
     truncated: Tensor  # (N,) bool: cut off by the token limit
     metrics: dict[str, float] = field(default_factory=dict)
+    # asynchronous collectors: (N, T) log-probs of the sampled tokens under the policy that sampled
+    # them (the behaviour policy); workers' collectors: (N,) the version (updates seen) of the policy that
+    # sampled each row
+    logprobs: Tensor | None = None
+    policy_versions: Tensor | None = None
+    # multi-turn episodes only (train/episodes.py): per-token credit from per-turn rewards, and the transcripts
+    turn_advantages: Tensor | None = None  # (N, T) added to the trajectory advantages; None = outcome only
+    episodes: list[Any] | None = None  # (N,) EpisodeRecord, written to OUT/episodes.jsonl
 
     @property
     def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -64,20 +74,24 @@ def fail_truncated(verdicts: Sequence[Verdict], truncated: Sequence[bool]) -> li
             for v, cut in zip(verdicts, truncated, strict=True)]
 
 
-def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
-            cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
-    """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
+def sample_owners(task: Task, cfg: RolloutConfig, prompt_rng: random.Random) -> list[Problem]:
+    """B problems from the task, each repeated G times: (N,) the problem each row answers."""
     B, G = cfg.prompts_per_step, cfg.group_size
-    t0 = time.perf_counter()
     problems = [task.sample(prompt_rng) for _ in range(B)]
-    owners = [problems[i // G] for i in range(B * G)]
-    ro = generate(model, tokenizer, [p.prompt for p in owners], cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                  generator=sample_rng, min_new_tokens=cfg.min_new_tokens)
-    t_gen = time.perf_counter()
+    return [problems[i // G] for i in range(B * G)]
+
+
+def score_rollout(task: Task, scorer: Scorer, owners: list[Problem], ro: Rollout, t0: float,
+                  t_gen: float, truncated_fails: bool = False) -> Batch:
+    """Score the rollout's N completions, feed the verdicts back to the task, measure: the step's Batch.
+
+    t0 and t_gen (perf_counter) are when the step and its scoring started: the metrics' perf/gen_s.
+    `truncated_fails` (rollout.truncated_fails) fails every completion cut off by the token limit.
+    """
     verdicts, extra = scorer(owners, ro.texts)
     if len(verdicts) != len(owners):
         raise ValueError(f"the reward returned {len(verdicts)} verdicts for {len(owners)} completions")
-    if cfg.truncated_fails:
+    if truncated_fails:
         verdicts = fail_truncated(verdicts, ro.truncated.tolist())
     t_score = time.perf_counter()
     task.observe(owners, verdicts)
@@ -93,6 +107,55 @@ def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Ta
         metrics["task/difficulty"] = task.difficulty
     return Batch(owners, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, ro.texts, verdicts,
                  rewards, ro.truncated, metrics)
+
+
+def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
+            cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
+    """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
+    if isinstance(task, EpisodicTask):  # multi-turn: the environment's verdict replaces the scorer
+        from feedbackrl.train.episodes import collect_episodes  # it builds a Batch: imported here, not at the top
+
+        return collect_episodes(model, tokenizer, task, cfg, prompt_rng, sample_rng)
+    t0 = time.perf_counter()
+    owners = sample_owners(task, cfg, prompt_rng)
+    ro = generate(model, tokenizer, [p.prompt for p in owners], cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                  generator=sample_rng, min_new_tokens=cfg.min_new_tokens)
+    return score_rollout(task, scorer, owners, ro, t0, time.perf_counter(), cfg.truncated_fails)
+
+
+class Collector(Protocol):
+    """Where a loop's batches come from: this process (`InProcessCollector`) or workers (`feedbackrl.scale`).
+
+    `collect` returns the step's batch; `prefetch` lets an asynchronous collector start sampling the
+    next batch now (the loop passes False before a checkpoint, so a resume continues the same run).
+    `update` hands over the learner's weights after its `version`-th update.
+    """
+
+    def collect(self, prompt_rng: random.Random, sample_rng: torch.Generator, prefetch: bool = False) -> Batch: ...
+
+    def update(self, model: PreTrainedModel, version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class InProcessCollector:
+    """The single-process default: `collect` with the learner's own model, nothing to hand over."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    task: Task
+    scorer: Scorer
+    cfg: RolloutConfig
+
+    def collect(self, prompt_rng: random.Random, sample_rng: torch.Generator, prefetch: bool = False) -> Batch:
+        return collect(self.model, self.tokenizer, self.task, self.scorer, self.cfg, prompt_rng, sample_rng)
+
+    def update(self, model: PreTrainedModel, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def minibatches(n: int, parts: int, generator: torch.Generator) -> list[Tensor]:

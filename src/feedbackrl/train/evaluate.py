@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.log import console
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.rollout.generate import generate
@@ -23,10 +24,12 @@ class EvalResult:
     mean_len: float
     truncated_frac: float = 0.0  # greedy answers cut off by max_new_tokens
     samples: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)  # episodic tasks: `episode_stats` of the greedy episodes
 
     def to_dict(self) -> dict[str, Any]:
         return {"accuracy": self.accuracy, f"pass@{self.k}": self.pass_at_k, "k": self.k, "n": self.n,
-                "mean_len": self.mean_len, "truncated_frac": self.truncated_frac, "samples": self.samples}
+                "mean_len": self.mean_len, "truncated_frac": self.truncated_frac, "samples": self.samples,
+                **self.metrics}
 
 
 def _batches(items: list[Problem], size: int) -> list[list[Problem]]:
@@ -38,11 +41,16 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
              seed: int = 1234, n_samples: int = 5, truncated_fails: bool = False,
              warn_truncated: float = 0.1) -> EvalResult:
     """Greedy accuracy and pass@k (k = 0: greedy only, pass@k is NaN). Sampling uses its own generator,
-    so evaluating mid-run never perturbs the training RNG streams (resumed runs stay exact).
+    so evaluating mid-run never perturbs the training RNG streams (resumed runs stay exact). Episodic
+    tasks play whole episodes.
 
     Reports the fraction of greedy answers cut off by `max_new_tokens` and warns above `warn_truncated`
     (an answer cut off is usually graded on text that never reached its end); `truncated_fails` fails them.
     """
+    if isinstance(task, EpisodicTask):
+        from feedbackrl.train.episodes import evaluate_episodes  # it returns an EvalResult: imported here
+
+        return evaluate_episodes(model, tokenizer, task, problems, k, temperature, batch_size, seed, n_samples)
     gen = torch.Generator().manual_seed(seed)
     correct, any_correct, lengths, cut, samples = 0, 0, 0, 0, []
     for batch in _batches(problems, max(1, batch_size // max(k, 1))):

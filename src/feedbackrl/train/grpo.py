@@ -6,6 +6,7 @@ All maths lives in `feedbackrl.algos`; this file only wires it. Setup helpers si
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
@@ -21,15 +22,19 @@ from feedbackrl.algos.aggregate import AGGREGATIONS
 from feedbackrl.algos.kl import kl_k3
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.algos.rloo import rloo_advantages
+from feedbackrl.algos.staleness import decoupled_pg_loss, staleness
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.lora import adapters_disabled, is_lora
 from feedbackrl.models.policy import train_autocast
-from feedbackrl.train.checkpoint import frozen_reference, restore, save_checkpoint
-from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
+from feedbackrl.train.collect import Collector, InProcessCollector, Scorer, minibatches, task_scorer
 from feedbackrl.train.context import Run
+from feedbackrl.train.episodes import write_transcripts
+from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 # the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
@@ -42,15 +47,40 @@ def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimi
     return adamw(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
 
 
+def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+                   scorer: Scorer) -> Collector:
+    """This process's collect step, or Ray workers' when the recipe's `[scale]` section asks for them."""
+    if not cfg.scale.uses_ray:
+        return InProcessCollector(model, tokenizer, task, scorer, cfg.rollout)
+    from feedbackrl.scale.collectors import ray_collector  # Ray is an optional extra: imported only when used
+
+    return ray_collector(cfg, model, tokenizer, task, scorer)
+
+
+def stale_metrics(versions: torch.Tensor | None, learner_version: int, bound: int) -> dict[str, float]:
+    """scale/staleness_{mean,max} of a batch sampled by workers; an error past the bound."""
+    if versions is None:
+        return {}
+    age = staleness(versions, learner_version)
+    if int(age.max()) > bound:
+        raise RuntimeError(f"a sample is {int(age.max())} policy versions old, past scale.max_staleness={bound}")
+    return {"scale/staleness_mean": age.float().mean().item(), "scale/staleness_max": float(age.max())}
+
+
 def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                on_eval: Callable[[int], dict[str, Any]] | None = None,
-               scorer: Scorer | None = None) -> dict[str, Any]:
+               scorer: Scorer | None = None, monitor: Monitor | None = None,
+               collector: Collector | None = None) -> dict[str, Any]:
     """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
-    Completions are scored by the task's verifier, or by `scorer` when given.
+    Completions are scored by the task's verifier, or by `scorer` when given; batches come from
+    `collector` when given, else from `make_collector` (this process unless `[scale]` asks for workers).
+    `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
+    the KL coefficient.
     """
     scorer = scorer or task_scorer(task)
+    collector = collector or make_collector(cfg, model, tokenizer, task, scorer)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G = ro_cfg.prompts_per_step, ro_cfg.group_size
     optimizer = make_optimizer(model, cfg)
@@ -60,8 +90,12 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     if resume_from is not None:
         start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
         console.print(f"resumed from {resume_from} at step {start}")
+        collector.update(model, start)  # the resumed weights are policy version `start`
+    monitor = live_monitor(cfg, out_dir, monitor, task)
+    kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
+    wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
     # LoRA: the reference is the base model with the adapters disabled, no second copy
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 and not is_lora(model) else None
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref and not is_lora(model) else None
     precision = functools.partial(train_autocast, cfg.train.precision, model.device)
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
@@ -72,21 +106,35 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
         save_checkpoint(out_dir, model, tokenizer, optimizer if cfg.train.save_optimizer else None, step, prompt_rng,
                         sample_rng, cfg.model_dump_json(indent=2), task.state_dict())
 
-    with progress() as bar:
+    def checkpoint_after(step: int) -> bool:
+        every = cfg.train.checkpoint_every
+        return step + 1 == a.steps or bool(every and (step + 1) % every == 0)
+
+    end = a.steps
+    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
+        checkpoint(start)  # something to roll back to before the first periodic checkpoint
+    with progress() as bar, contextlib.closing(collector):
         job = bar.add_task(a.name.upper(), total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
             t0 = time.perf_counter()
-            # 1. roll out G completions for each of B prompts, 2. score them (the collect step)
-            batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
+            # 1. roll out G completions for each of B prompts, 2. score them (the collect step); an asynchronous
+            # collector starts the next batch now, except before a checkpoint (a resume then continues this run)
+            batch = collector.collect(prompt_rng, sample_rng, prefetch=not checkpoint_after(step))
+            behaviour = batch.logprobs  # None: on-policy; else the stale batch's sampling log-probs (N, T)
+            batch.metrics.update(stale_metrics(batch.policy_versions, step, cfg.scale.max_staleness))
             # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            if batch.turn_advantages is not None:  # episodes with per-turn credit: (N,) -> (N, T)
+                advantages = advantages[:, None] + batch.turn_advantages
+            if batch.episodes is not None:
+                write_transcripts(out_dir / "episodes.jsonl", step + 1, batch.episodes)
             tensors, mask = batch.tensors, batch.completion_mask.float()
             with torch.no_grad(), precision():
                 # old log-probs only matter when the policy moves within a batch; with one update the
                 # ratio is exactly 1 and the detached current log-probs serve
                 old_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0] if n_updates > 1 else None
                 ref_lp = sequence_logprobs(ref, *tensors, ro_cfg.temperature)[0] if ref is not None else None
-                if a.kl_coef > 0 and ref is None:
+                if wants_ref and ref is None:
                     with adapters_disabled(model):
                         ref_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0]
             # 4. optimise: epochs x minibatches
@@ -106,13 +154,19 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         with precision():
                             logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
                         old = old_lp[sub] if old_lp is not None else logprobs.detach()
-                        pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
-                                                       a.clip_high)
+                        if behaviour is None:
+                            pg, pg_stats = clipped_pg_loss(logprobs, old, advantages[sub], mask[sub], a.clip_low,
+                                                           a.clip_high)
+                        else:  # clip around the policy before this update, weight by its gap to the sampler
+                            pg, pg_stats = decoupled_pg_loss(logprobs, old, behaviour[sub], advantages[sub],
+                                                             mask[sub], a.clip_low, a.clip_high,
+                                                             cfg.scale.importance_cap)
+                            stats.setdefault("is_weight/mean", []).append(pg_stats["is_weight/mean"].item())
                         per_token = pg
                         kl = torch.zeros_like(pg)
                         if ref_lp is not None:
                             kl = kl_k3(logprobs, ref_lp[sub])
-                            per_token = pg + a.kl_coef * kl
+                            per_token = pg + kl_coef * kl
                         aggregate(per_token, mask[sub], **norm).backward()
                         parts["pg"].append(pg.detach())
                         parts["kl"].append(kl.detach())
@@ -132,6 +186,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                     stats["entropy/mean"].append(((entropy * mb_mask).sum() / n_tok).item())
                     stats["clip_frac"].append((sum(parts["clipped"]) / n_tok).item())
                     stats["grad_norm"].append(float(grad_norm))
+            collector.update(model, step + 1)  # the workers sample the next batches with these weights
             # 5. log
             dt = time.perf_counter() - t0
             metrics = {"phase": "rl", **batch.metrics, **{k: sum(v) / len(v) for k, v in stats.items()},
@@ -139,12 +194,28 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             done = step + 1
             if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
                 metrics.update(on_eval(done))
+            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
+            if decision is not None:
+                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
             sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
+            if decision is not None and monitor is not None:
+                if decision.stop:
+                    end = done
+                    console.print(f"monitors stopped the run at step {done}: {decision.alerts[0].message}")
+                    break
+                if decision.raise_kl:
+                    kl_coef = monitor.raised_kl(kl_coef)
+                if decision.rollback:
+                    monitor.rolled_back(roll_back(out_dir, model, optimizer)[0])
+                    collector.update(model, done)  # the workers sample from the rolled-back weights
+                    continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
                 checkpoint(done)
     if start < a.steps or resume_from is None:
-        checkpoint(a.steps)
+        checkpoint(end)
     return metrics
 
 

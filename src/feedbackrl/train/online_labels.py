@@ -64,8 +64,9 @@ from feedbackrl.algos.pair_selection import (
 from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.data.labeller import SimulatedLabeller, gold_score_for, label_ceiling, label_rows, sample_candidates
 from feedbackrl.data.preferences import PreferencePair, load_preference_pairs
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.base import Task
-from feedbackrl.log import MetricsSink, read_jsonl
+from feedbackrl.log import MetricsSink
 from feedbackrl.models.reward import RewardModel, build_reward_model, head_features, head_parameters, score_texts
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.train.context import Run

@@ -29,9 +29,11 @@ from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import positions, sequence_logprobs, token_logprobs
-from feedbackrl.train.checkpoint import frozen_reference, load_extra, restore, save_checkpoint
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
 from feedbackrl.train.context import Run
+from feedbackrl.train.monitoring import live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -68,8 +70,12 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
 
 def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
               out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None, resume_from: Path | None = None,
-              on_eval: Callable[[int], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run PPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics."""
+              on_eval: Callable[[int], dict[str, Any]] | None = None, monitor: Monitor | None = None) -> dict[str, Any]:
+    """Run PPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
+
+    `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
+    the KL coefficient.
+    """
     scorer = scorer or task_scorer(task)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G, temp = ro_cfg.prompts_per_step, ro_cfg.group_size, ro_cfg.temperature
@@ -83,7 +89,10 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
         value_head.load_state_dict(load_extra(resume_from, VALUE_HEAD_FILE))
         start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
         console.print(f"resumed from {resume_from} at step {start}")
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if a.kl_coef > 0 else None
+    monitor = live_monitor(cfg, out_dir, monitor, task)
+    kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
+    wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref else None
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
@@ -91,6 +100,9 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                         cfg.model_dump_json(indent=2), task.state_dict(),
                         extras={VALUE_HEAD_FILE: value_head.state_dict()})
 
+    end = a.steps
+    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
+        checkpoint(start)  # something to roll back to before the first periodic checkpoint
     with progress() as bar:
         job = bar.add_task("PPO", total=a.steps, completed=start, info="")
         for step in range(start, a.steps):
@@ -103,7 +115,7 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
             with torch.no_grad():
                 old_lp, old_values, _ = logprobs_and_values(model, value_head, *tensors, temp)
                 ref_lp = sequence_logprobs(ref, *tensors, temp)[0] if ref is not None else old_lp
-                rewards = kl_penalised_rewards(scores, old_lp, ref_lp, mask, a.kl_coef)  # (N, T)
+                rewards = kl_penalised_rewards(scores, old_lp, ref_lp, mask, kl_coef)  # (N, T)
                 advantages, returns = gae(rewards, old_values, mask, a.gamma, a.lam)
                 if a.whiten_advantages:
                     advantages = whiten(advantages, mask)
@@ -135,12 +147,28 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
             done = step + 1
             if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
                 metrics.update(on_eval(done))
+            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
+            if decision is not None:
+                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
             sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
+            # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
+            if decision is not None and monitor is not None:
+                if decision.stop:
+                    end = done
+                    break
+                if decision.raise_kl:
+                    kl_coef = monitor.raised_kl(kl_coef)
+                if decision.rollback:
+                    back, ckpt = roll_back(out_dir, model, optimizer)
+                    value_head.load_state_dict(load_extra(ckpt, VALUE_HEAD_FILE))
+                    monitor.rolled_back(back)
+                    continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
                 checkpoint(done)
     if start < a.steps or resume_from is None:
-        checkpoint(a.steps)
+        checkpoint(end)
     return metrics
 
 

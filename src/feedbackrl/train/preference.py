@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.algos.preference import PREFERENCE_LOSSES, RANKING_LOSSES
+from feedbackrl.algos.preference import PREFERENCE_LOSSES, RANKING_LOSSES, mean_token_logprobs
 from feedbackrl.algos.reward_model import bradley_terry_loss, pairwise_accuracy, safety_cost_loss
 from feedbackrl.config import ConfigError, DPOConfig, RewardModelConfig
 from feedbackrl.data.labeller import SimulatedLabeller, gold_cost_for, gold_score_for
@@ -171,8 +171,10 @@ def as_ranked(items: list[PreferencePair] | list[Ranking]) -> list[Ranked]:
 
 
 def ranked_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                    items: list[Ranked]) -> tuple[Tensor, Tensor]:
+                    items: list[Ranked], average: bool = False) -> tuple[Tensor, Tensor]:
     """Summed response log-probs (n, k) in one forward pass of n*k rows, and the (n, k) mask.
+
+    average: per-token mean log-probs instead of sums (IPO in TRL's form, `algo.length_average`).
 
     Rankings shorter than k = the longest are padded with copies of their last response, masked out.
     """
@@ -183,16 +185,18 @@ def ranked_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     p_ids, p_mask = encode_prompts(tokenizer, prompts)
     c_ids, c_mask = encode_completions(tokenizer, responses)
     logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
-    return logprobs.sum(-1).view(len(items), k), mask
+    per_response = mean_token_logprobs(logprobs, c_mask) if average else logprobs.sum(-1)
+    return per_response.view(len(items), k), mask
 
 
 @torch.no_grad()
 def reference_logprobs(reference: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, items: list[Ranked],
-                       batch_size: int = 256) -> Tensor:
-    """(N, k) summed log-probs of every response under the frozen reference: computed once, up front."""
+                       batch_size: int = 256, average: bool = False) -> Tensor:
+    """(N, k) summed (or, with `average`, per-token mean) log-probs of every response under the frozen
+    reference: computed once, up front."""
     was_training = reference.training
     reference.eval()
-    out = [ranked_logprobs(reference, tokenizer, items[i : i + batch_size])[0]
+    out = [ranked_logprobs(reference, tokenizer, items[i : i + batch_size], average)[0]
            for i in range(0, len(items), batch_size)]
     reference.train(was_training)
     k = max(x.shape[1] for x in out)
@@ -216,7 +220,8 @@ def train_dpo(cfg: DPOConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
     if cfg.loss not in RANKING_LOSSES and any(len(r) != 2 for _, r in data):
         raise ValueError(f"algo.loss={cfg.loss!r} needs pairs; got rankings of up to "
                          f"{max(len(r) for _, r in data)} responses (use algo.loss = 'pro')")
-    ref_lp = reference_logprobs(reference if reference is not None else model, tokenizer, data)  # (N, k)
+    ref_lp = reference_logprobs(reference if reference is not None else model, tokenizer, data,
+                                average=cfg.length_average)  # (N, k)
     optimizer = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     order_rng = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
@@ -232,7 +237,8 @@ def train_dpo(cfg: DPOConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                 for micro in idx.tensor_split(cfg.grad_accum):
                     if len(micro) == 0:
                         continue
-                    logprobs, mask = ranked_logprobs(model, tokenizer, [data[i] for i in micro.tolist()])
+                    logprobs, mask = ranked_logprobs(model, tokenizer, [data[i] for i in micro.tolist()],
+                                                     cfg.length_average)
                     ref = ref_lp[micro][:, : logprobs.shape[1]]
                     loss, s = preference_loss(cfg, logprobs, ref, mask)
                     (loss * len(micro) / len(idx)).backward()

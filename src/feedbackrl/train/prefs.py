@@ -27,9 +27,9 @@ from feedbackrl.data.labeller import (
     label_ceiling,
     label_rows,
     sample_candidates,
-    write_jsonl,
 )
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
+from feedbackrl.data.rows import write_jsonl
 from feedbackrl.envs.base import Task
 from feedbackrl.models.chat import use_chat
 from feedbackrl.rewards.registry import BatchReward, build_reward, part_metrics

@@ -14,7 +14,8 @@ from typing import Any
 
 from rich.table import Table
 
-from feedbackrl.log import console, read_jsonl
+from feedbackrl.data.rows import read_jsonl
+from feedbackrl.log import console
 
 
 def _eval_table(report: dict[str, Any]) -> None:

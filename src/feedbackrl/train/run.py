@@ -33,9 +33,10 @@ from transformers.utils import logging as hf_logging
 
 from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.data.labeller import gold_score_for
+from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.registry import make_task
-from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console, read_jsonl
+from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume

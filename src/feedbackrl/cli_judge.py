@@ -1,0 +1,47 @@
+"""`feedbackrl judge quality`: measure a judge on held-out reversal pairs before rewarding with it."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+judge_app = typer.Typer(help="LLM judges: measure them before training on them.", no_args_is_help=True)
+
+CRITERION = "the response is the task's word written backwards, letter for letter"
+
+
+@judge_app.command()
+def quality(base_url: Annotated[str, typer.Option(help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1; "
+                                                       "'scripted' serves a rule-backed judge on loopback")],
+            model: Annotated[str, typer.Option(help="model name the endpoint serves")] = "judge",
+            pairs: Annotated[int, typer.Option(help="held-out reversal pairs")] = 200,
+            noise: Annotated[float, typer.Option(help="scripted judge only: P(random answer)")] = 0.0,
+            position_bias: Annotated[float, typer.Option(help="scripted judge only: P(says A regardless)")] = 0.0,
+            timeout: Annotated[float, typer.Option(help="seconds per request")] = 30.0) -> None:
+    """Agreement with the gold check, position-bias rate and self-consistency, as JSON."""
+    from contextlib import nullcontext
+
+    from feedbackrl.envs.procedural.reverse import ReverseTask
+    from feedbackrl.rewards.judge import Criterion, PairwiseJudge, PointwiseJudge, Rubric
+    from feedbackrl.rewards.judge_backends import CachedChat, OpenAIChat
+    from feedbackrl.rewards.judge_quality import judge_quality, reversal_pairs
+
+    task = ReverseTask()
+    server = nullcontext(None)
+    if base_url == "scripted":
+        from feedbackrl.feedback.judge_server import RuleJudge, chat_app
+        from feedbackrl.feedback.server import LiveServer
+
+        rule = RuleJudge(lambda t, r: float(r == t.removesuffix("=")[::-1]), ("reversed",), noise=noise,
+                         position_bias=position_bias)
+        server = LiveServer(chat_app(rule))
+    with server as live:
+        url = live.url + "/v1" if live is not None else base_url
+        chat = CachedChat(OpenAIChat(model, base_url=url, timeout=timeout))
+        rubric = Rubric((Criterion("reversed", 1.0, CRITERION),), task="Judge the answer to a word-reversal task.")
+        result = judge_quality(PairwiseJudge(chat, CRITERION), PointwiseJudge(chat, rubric),
+                               reversal_pairs(task.heldout(pairs)), lambda p, c: task.verify(p, c).score)
+        result["judge_tokens"] = chat.stats.prompt_tokens + chat.stats.completion_tokens
+    typer.echo(json.dumps({"endpoint": base_url, "model": model, **result}, indent=2))

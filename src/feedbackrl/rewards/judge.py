@@ -1,0 +1,259 @@
+"""LLM judges as reward sources: rubric scoring, pairwise and groupwise comparison, hybrids.
+
+- `PointwiseJudge`: scores one response against a `Rubric` (criteria with weights, an integer
+  scale, the JSON answer format spelled out in the prompt). The answer is parsed strictly
+  (`parse_scores`); an unparsable answer is retried once with the parse error shown to the
+  judge, then the verdict says "unparsable" with score 0. `reference=True` puts the problem's
+  gold answer in the prompt (reference-guided judging, Zheng et al. 2023, "Judging LLM-as-a-Judge").
+- `PairwiseJudge`: which of two responses is better, asked in both orders so position bias
+  cancels (Zheng et al. 2023, section 3.4: swap positions, count inconsistent verdicts as ties);
+  `group_scores` turns a group's round robin into per-response win rates for GRPO.
+- `Hybrid`: rule checks for hard constraints gate the judge, which only scores the soft ones.
+
+Every verdict carries the judge's rationale. Judges never raise on a bad answer or a dead
+endpoint; they return a zero verdict that says which. Calls run concurrently (`concurrency`
+threads) through a `CachedChat` (`rewards/judge_backends.py`): cache, timeouts and per-step
+token/cost metrics (`judge/*`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from feedbackrl.rewards.judge_backends import CachedChat, JudgeUnavailable, Messages
+from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
+
+
+class ParseError(ValueError):
+    """A judge answer that is not exactly the requested JSON object."""
+
+
+@dataclass(frozen=True)
+class Criterion:
+    name: str
+    weight: float
+    description: str
+
+
+@dataclass(frozen=True)
+class Rubric:
+    """Weighted criteria scored on the integer scale `low`..`high`."""
+
+    criteria: tuple[Criterion, ...]
+    low: int = 1
+    high: int = 10
+    task: str = "Judge the response to the task."
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.criteria]
+        if not names or len(set(names)) != len(names) or any(c.weight < 0 for c in self.criteria):
+            raise ValueError(f"a rubric needs distinct criterion names and weights >= 0, got {names}")
+        if sum(c.weight for c in self.criteria) <= 0 or self.low >= self.high:
+            raise ValueError(f"rubric weights must not all be 0 and low < high, got {self.low}..{self.high}")
+
+    def system(self) -> str:
+        lines = [f"- {c.name} (weight {c.weight:g}): {c.description}" for c in self.criteria]
+        fmt = ", ".join(f'"{c.name}": <integer {self.low}-{self.high}>' for c in self.criteria)
+        return (f"You are a strict grader. {self.task}\nScore each criterion on an integer scale from {self.low} "
+                f"(worst) to {self.high} (best):\n" + "\n".join(lines) +
+                f'\nAnswer with only this JSON object and nothing else:\n{{"rationale": "<one sentence>", '
+                f'"scores": {{{fmt}}}}}')
+
+    def normalise(self, scores: Mapping[str, int]) -> float:
+        """Weighted mean of (score - low) / (high - low): a number in [0, 1]."""
+        total = sum(c.weight for c in self.criteria)
+        return sum(c.weight * (scores[c.name] - self.low) / (self.high - self.low) for c in self.criteria) / total
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """The answer as a JSON object: the whole text, or the whole of one ```json fenced block."""
+    body = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, flags=re.DOTALL)
+    body = fenced.group(1) if fenced else body
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ParseError(f"not a JSON object ({e.msg} at char {e.pos})") from None
+    if not isinstance(obj, dict):
+        raise ParseError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def parse_scores(text: str, rubric: Rubric) -> tuple[dict[str, int], str]:
+    """Strictly parse {"rationale": str, "scores": {criterion: int}}: every criterion, nothing else, in range."""
+    obj = _json_object(text)
+    scores, rationale = obj.get("scores"), obj.get("rationale", "")
+    if not isinstance(scores, dict):
+        raise ParseError('missing "scores" object')
+    want = {c.name for c in rubric.criteria}
+    if set(scores) != want:
+        raise ParseError(f"scores for {sorted(scores)}, expected exactly {sorted(want)}")
+    for name, s in scores.items():
+        if isinstance(s, bool) or not isinstance(s, int) or not rubric.low <= s <= rubric.high:
+            raise ParseError(f"score {name}={s!r} is not an integer in {rubric.low}..{rubric.high}")
+    if not isinstance(rationale, str):
+        raise ParseError("rationale must be a string")
+    return scores, rationale
+
+
+def parse_winner(text: str) -> tuple[str, str]:
+    """Strictly parse {"rationale": str, "winner": "A" | "B" | "tie"}."""
+    obj = _json_object(text)
+    winner, rationale = obj.get("winner"), obj.get("rationale", "")
+    if winner not in ("A", "B", "tie") or not isinstance(rationale, str):
+        raise ParseError(f'winner must be "A", "B" or "tie", got {winner!r}')
+    return winner, rationale
+
+
+def _ask(chat: CachedChat, messages: Messages, parse: Any, retries: int) -> tuple[Any, int, str]:
+    """Ask, parse, and on a parse error ask again showing the error. Returns (parsed or None, attempts, last error)."""
+    convo, err = list(messages), ""
+    for attempt in range(1 + retries):
+        reply = chat.complete(convo, use_cache=attempt == 0)
+        try:
+            return parse(reply.text), attempt + 1, ""
+        except ParseError as e:
+            err = f"{e}; answer was {reply.text[:200]!r}"
+            if attempt == 0:
+                chat.forget(messages)  # never serve the bad answer from the cache again
+            convo = [*convo, {"role": "assistant", "content": reply.text},
+                     {"role": "user", "content": f"Your answer could not be parsed: {e}. Reply with only the JSON "
+                                                 "object in the requested format."}]
+    chat.count_unparsable()
+    return None, 1 + retries, err
+
+
+def _user(problem: Problem, reference: bool, **responses: str) -> str:
+    parts = [f"<task>\n{problem.prompt}\n</task>"]
+    if reference:
+        parts.append(f"<reference>\n{problem.answer}\n</reference>")
+    parts += [f"<{tag}>\n{text}\n</{tag}>" for tag, text in responses.items()]
+    return "\n".join(parts)
+
+
+@dataclass
+class PointwiseJudge:
+    """A `RewardSource` scoring one response against a rubric; passes at score >= `pass_score`."""
+
+    chat: CachedChat
+    rubric: Rubric
+    reference: bool = False
+    retries: int = 1
+    pass_score: float = 0.5
+    concurrency: int = 8
+
+    def messages(self, problem: Problem, completion: str) -> Messages:
+        return [{"role": "system", "content": self.rubric.system()},
+                {"role": "user", "content": _user(problem, self.reference, response=completion)}]
+
+    def __call__(self, problem: Problem, completion: str) -> Verdict:
+        try:
+            parsed, attempts, err = _ask(self.chat, self.messages(problem, completion),
+                                         lambda t: parse_scores(t, self.rubric), self.retries)
+        except JudgeUnavailable as e:
+            return fail(f"judge unavailable: {e}", judge=self.chat.backend.name, unavailable=True)
+        if parsed is None:
+            return fail(f"judge answer unparsable after {attempts} attempts: {err}", judge=self.chat.backend.name,
+                        unparsable=True)
+        scores, rationale = parsed
+        score = self.rubric.normalise(scores)
+        return Verdict(score, score >= self.pass_score, rationale or f"judge score {score:.2f}",
+                       {"judge": self.chat.backend.name, "scores": scores, "attempts": attempts})
+
+    def verify_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
+        """One verdict per completion, `concurrency` judge calls at a time, in order."""
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self, problems, completions))
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """P(first response better) from both orders; `consistent` when the two orders agree."""
+
+    p_first: float
+    consistent: bool
+    rationales: tuple[str, str]
+
+
+PAIR_SYSTEM = ("You are a strict grader. Compare two responses to the task: {criteria}\nAnswer with only this JSON "
+               'object and nothing else:\n{{"rationale": "<one sentence>", "winner": "A" or "B" or "tie"}}')
+_WIN = {"A": 1.0, "B": 0.0, "tie": 0.5}
+
+
+@dataclass
+class PairwiseJudge:
+    """Compares responses in both orders (A/B, then B/A) and averages, so a judge's position bias cancels."""
+
+    chat: CachedChat
+    criteria: str = "which response does the task better?"
+    reference: bool = False
+    retries: int = 1
+    concurrency: int = 8
+
+    def _one(self, problem: Problem, a: str, b: str) -> tuple[float, str]:
+        msgs = [{"role": "system", "content": PAIR_SYSTEM.format(criteria=self.criteria)},
+                {"role": "user", "content": _user(problem, self.reference, response_a=a, response_b=b)}]
+        parsed, _, err = _ask(self.chat, msgs, parse_winner, self.retries)
+        return (0.5, f"unparsable: {err}") if parsed is None else (_WIN[parsed[0]], parsed[1])
+
+    def compare(self, problem: Problem, first: str, second: str) -> PairResult:
+        """Both orders; an unparsable or unavailable answer counts as a tie."""
+        try:
+            ab, r1 = self._one(problem, first, second)
+            ba, r2 = self._one(problem, second, first)
+        except JudgeUnavailable as e:
+            return PairResult(0.5, False, (f"judge unavailable: {e}", ""))
+        return PairResult((ab + (1 - ba)) / 2, ab == 1 - ba, (r1, r2))
+
+    def group_scores(self, problem: Problem, completions: Sequence[str]) -> list[float]:
+        """Round robin over a group: each response's mean P(better) against the others (0.5 for a group of 1)."""
+        n = len(completions)
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if completions[i] != completions[j]]
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            results = list(pool.map(lambda ij: self.compare(problem, completions[ij[0]], completions[ij[1]]), pairs))
+        wins = [0.0] * n
+        for (i, j), r in zip(pairs, results, strict=True):
+            wins[i] += r.p_first
+            wins[j] += 1 - r.p_first
+        ties = [sum(completions[i] == completions[j] for j in range(n) if j != i) for i in range(n)]
+        return [(wins[i] + 0.5 * ties[i]) / (n - 1) if n > 1 else 0.5 for i in range(n)]
+
+
+@dataclass
+class Hybrid:
+    """Rule checks for hard constraints, the judge for the soft ones: any failed rule scores 0 without asking."""
+
+    rules: Mapping[str, RewardSource]
+    judge: RewardSource
+
+    def __call__(self, problem: Problem, completion: str) -> Verdict:
+        parts = {name: rule(problem, completion) for name, rule in self.rules.items()}
+        failed = {n: v.reason for n, v in parts.items() if not v.passed}
+        details = {"parts": {n: v.to_dict() for n, v in parts.items()}}
+        if failed:
+            return Verdict(0.0, False, f"hard constraint failed: {failed}", details)
+        verdict = self.judge(problem, completion)
+        details["parts"]["judge"] = verdict.to_dict()
+        return Verdict(verdict.score, verdict.passed, verdict.reason, details)
+
+
+def judge_source(ctx: Any, *, judge_model: str, criteria: dict[str, str], base_url: str | None = None,
+                 weights: dict[str, float] | None = None, low: int = 1, high: int = 10, reference: bool = False,
+                 timeout_s: float = 30.0, concurrency: int = 8, api_key: str | None = None) -> Any:
+    """The `judge` entry of the reward registry: a pointwise rubric judge on an OpenAI-compatible endpoint.
+
+    `judge_model`: the model name the endpoint serves; `criteria`: name -> description; `weights`:
+    name -> weight (default 1 each); `api_key` None reads OPENAI_API_KEY (hosted APIs), local
+    servers ignore it. Returns the judge's batch scorer.
+    """
+    from feedbackrl.rewards.judge_backends import OpenAIChat
+
+    weights = weights or {}
+    rubric = Rubric(tuple(Criterion(n, float(weights.get(n, 1.0)), d) for n, d in criteria.items()), low, high)
+    chat = CachedChat(OpenAIChat(judge_model, base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s))
+    return PointwiseJudge(chat, rubric, reference=reference, concurrency=concurrency).verify_batch

@@ -1,0 +1,208 @@
+"""The policy as an OpenAI-compatible chat endpoint on loopback, for environments that reach a model over HTTP.
+
+`create_app(model, tokenizer)` returns a FastAPI app with `POST /v1/chat/completions`
+(non-streaming, and streaming as server-sent `chat.completion.chunk` events: a role delta,
+content deltas or `tool_calls` deltas, a final chunk with `finish_reason`, then `data: [DONE]`)
+and `GET /v1/models`. Sampling uses the same decode loop as training (`rollout/generate.py`);
+`logprobs: true` returns each sampled token's log-probability under the tempered distribution,
+the EOS token included (one finite value per completion token). `POST /inference/v1/generate` is
+vLLM's token-in/token-out route as the `renderers` client of `verifiers` calls it: `token_ids` and
+`sampling_params` in; `choices[0].token_ids`, `choices[0].logprobs.content` (one
+``{"token": "token_id:N", "logprob": x}`` per completion token, the stop token included) and
+`finish_reason` out.
+
+Messages are rendered with the tokenizer's chat template (`apply_chat_template(..., tools=...)`)
+when it has one, else in the minimal transcript format of `envs/multi_turn.py` (assistant turns
+ended by EOS, tool results as ``=RESULT\\n``). Tool calls are parsed from the completion in the
+minimal format ``name(arguments)`` and returned as OpenAI `tool_calls` with arguments
+``{"input": "<arguments>"}``; chat-template tool-call formats are not parsed yet.
+
+FastAPI is in the `feedback` extra; this module is a leaf that core code never imports. Requests
+are served one at a time (one lock around the model).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.envs.tools import ToolCall, parse_tool_call
+from feedbackrl.rollout.generate import generate, generate_ids
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # clients send many optional fields; unknown ones are ignored
+
+    model: str = "policy"
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = Field(None, ge=1, le=4096)
+    max_completion_tokens: int | None = Field(None, ge=1, le=4096)
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stream: bool = False
+    logprobs: bool = False
+    tools: list[dict[str, Any]] | None = None
+    seed: int | None = None
+
+
+class GenerateRequest(BaseModel):
+    """vLLM's token-in/token-out request: prompt token ids and vLLM sampling parameters."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = "policy"
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+
+
+def render_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None) -> str:
+    """The prompt text for `messages`: the chat template when the tokenizer has one, else the minimal format."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    parts = []
+    for m in messages:
+        content = m.get("content") or ""
+        if m["role"] == "assistant":
+            calls = m.get("tool_calls") or []
+            text = content + "".join(f"{c['function']['name']}({_input(c['function'].get('arguments'))})"
+                                     for c in calls)
+            parts.append(text + tokenizer.eos_token)
+        elif m["role"] == "tool":
+            parts.append(f"={content}\n")
+        else:
+            parts.append(str(content))
+    return "".join(parts)
+
+
+def _input(arguments: str | None) -> str:
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return arguments or ""
+    return str(value.get("input", "")) if isinstance(value, dict) else str(value)
+
+
+def _sample(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, req: ChatRequest,
+            lock: threading.Lock) -> tuple[list[int], list[float], str, str]:
+    """(token ids, log-probs, text, finish_reason) of one completion."""
+    prompt = render_messages(tokenizer, req.messages, req.tools)
+    limit = req.max_completion_tokens or req.max_tokens or 64
+    gen = torch.Generator().manual_seed(req.seed if req.seed is not None else time.time_ns() % 2**63)
+    with lock:
+        ro = generate(model, tokenizer, [prompt], limit, max(req.temperature, 1e-5), req.top_p,
+                      greedy=req.temperature == 0.0, generator=gen)
+    n = int(ro.completion_mask[0].sum())
+    ids, logprobs = ro.completion_ids[0, :n].tolist(), ro.logprobs[0, :n].tolist()
+    call = parse_tool_call(ro.texts[0])
+    finish = "tool_calls" if isinstance(call, ToolCall) else ("length" if bool(ro.truncated[0]) else "stop")
+    return ids, logprobs, ro.texts[0], finish
+
+
+def _tool_calls(text: str) -> list[dict[str, Any]]:
+    call = parse_tool_call(text)
+    if not isinstance(call, ToolCall):
+        raise ValueError(f"not a tool call: {text[:40]!r}")
+    return [{"index": 0, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+             "function": {"name": call.name, "arguments": json.dumps({"input": call.arguments})}}]
+
+
+def _logprobs(tokenizer: PreTrainedTokenizerBase, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    content = []
+    for i, lp in zip(ids, logprobs, strict=True):
+        tok = tokenizer.convert_ids_to_tokens(i)
+        content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+    return {"content": content}
+
+
+def create_app(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_name: str = "policy") -> FastAPI:
+    """The FastAPI app serving `model` (see the module docstring)."""
+    app, lock = FastAPI(title="feedbackrl policy"), threading.Lock()
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        max_len = getattr(model.config, "max_position_embeddings", None)  # vLLM's ModelCard extension
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "feedbackrl",
+                                            "max_model_len": max_len}]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    def chat(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        ids, lps, text, finish = _sample(model, tokenizer, req, lock)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
+        if req.stream:
+            return StreamingResponse(_chunks(tokenizer, cid, created, model_name, ids, lps, text, finish, req),
+                                     media_type="text/event-stream")
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if finish == "tool_calls":
+            message = {"role": "assistant", "content": None, "tool_calls": _tool_calls(text)}
+        choice = {"index": 0, "message": message, "finish_reason": finish,
+                  "logprobs": _logprobs(tokenizer, ids, lps) if req.logprobs else None}
+        usage = {"prompt_tokens": len(tokenizer(render_messages(tokenizer, req.messages, req.tools),
+                                                add_special_tokens=False)["input_ids"]),
+                 "completion_tokens": len(ids)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
+                "choices": [choice], "usage": usage}
+
+    @app.post("/inference/v1/generate")
+    def generate_tokens(req: GenerateRequest) -> dict[str, Any]:
+        return _generate_tokens(model, tokenizer, req, lock)
+
+    return app
+
+
+def _generate_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, req: GenerateRequest,
+                     lock: threading.Lock) -> dict[str, Any]:
+    """Token ids in; completion token ids and one finite log-prob per completion token out (the stop token
+    included), each entry's token written ``token_id:N`` as vLLM does with `return_tokens_as_token_ids`."""
+    sp = req.sampling_params
+    limit = int(sp.get("max_tokens") or 64)
+    temperature, top_p = float(sp.get("temperature", 1.0)), float(sp.get("top_p", 1.0))
+    stops = set(sp.get("stop_token_ids") or []) | {tokenizer.eos_token_id}
+    seed = sp.get("seed")
+    gen = torch.Generator().manual_seed(int(seed) if seed is not None else time.time_ns() % 2**63)
+    ids = torch.tensor([req.token_ids])
+    with lock:
+        ro = generate_ids(model, tokenizer, ids, torch.ones_like(ids), limit, max(temperature, 1e-5), top_p,
+                          greedy=temperature == 0.0, generator=gen)
+    n = int(ro.completion_mask[0].sum())
+    out, lps = ro.completion_ids[0, :n].tolist(), ro.logprobs[0, :n].tolist()
+    cut = next((i + 1 for i, t in enumerate(out) if t in stops), None)  # extra stop ids end it like EOS
+    out, lps = (out[:cut], lps[:cut]) if cut else (out, lps)
+    finish = "stop" if cut else "length"
+    content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(out, lps, strict=True)]
+    return {"request_id": f"gen-{uuid.uuid4().hex[:16]}", "prompt_token_ids": req.token_ids,
+            "choices": [{"index": 0, "token_ids": out, "logprobs": {"content": content}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": len(req.token_ids), "completion_tokens": len(out),
+                      "total_tokens": len(req.token_ids) + len(out)}}
+
+
+def _chunks(tokenizer: PreTrainedTokenizerBase, cid: str, created: int, model_name: str, ids: list[int],
+            lps: list[float], text: str, finish: str, req: ChatRequest) -> Iterator[str]:
+    """Server-sent events: role delta, content (one chunk per token) or tool_calls deltas, finish_reason, [DONE]."""
+    def event(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> str:
+        chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    yield event({"role": "assistant", "content": ""})
+    if finish == "tool_calls":
+        call = _tool_calls(text)[0]
+        yield event({"tool_calls": [{**call, "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        yield event({"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]})
+    else:
+        for i, lp in zip(ids, lps, strict=True):
+            piece = tokenizer.decode([i], skip_special_tokens=True)  # EOS (and a sampled pad) add no text
+            yield event({"content": piece}, logprobs=_logprobs(tokenizer, [i], [lp]) if req.logprobs else None)
+    yield event({}, finish)
+    yield "data: [DONE]\n\n"

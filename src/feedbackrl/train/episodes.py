@@ -1,0 +1,253 @@
+"""The episode runner: multi-turn rollouts that return the same `Batch` as a single-turn collect step.
+
+Each row of the batch is one episode. Its "completion" is every token after the first prompt:
+the policy's turns (sampled tokens, EOS included) interleaved with the environment's messages
+(encoded text), so `completion_mask` is 1 on the policy's own tokens only and the GRPO/RLOO loss
+never trains on tool output. Turns are decoded together for all active episodes: each turn
+re-encodes nothing, it continues from the exact token ids so far (the whole context is prefilled
+again per turn; the model sees what the losses score). Environment steps (tool calls) of a turn
+run concurrently in a thread pool; finished episodes leave the batch.
+
+Rewards: the trajectory's verdict score minus `tool_call_penalty` per tool call and
+`turn_penalty` per turn. With `turn_credit > 0` the per-turn rewards also give each turn's tokens
+an extra advantage (`algos/turn_credit.py`), added by the loop to the trajectory advantage.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.algos.turn_credit import turn_credit
+from feedbackrl.config import RolloutConfig
+from feedbackrl.envs.multi_turn import (
+    END_ANSWERED,
+    END_ERROR,
+    END_OUT_OF_TURNS,
+    END_TRUNCATED,
+    EpisodeRecord,
+    EpisodicTask,
+    StepResult,
+    episode_stats,
+)
+from feedbackrl.rewards.verdict import Problem, fail
+from feedbackrl.rollout.generate import generate_ids
+from feedbackrl.train.collect import Batch
+from feedbackrl.train.evaluate import EvalResult
+
+_STEP_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="feedbackrl-env")
+
+
+@dataclass
+class Episodes:
+    """N episodes as token tensors plus their transcripts."""
+
+    prompt_ids: Tensor  # (N, P) left-padded
+    prompt_mask: Tensor  # (N, P)
+    completion_ids: Tensor  # (N, T) right-padded: turns and observations
+    completion_mask: Tensor  # (N, T) 1 on the policy's tokens
+    token_turn: Tensor  # (N, T) the assistant turn (0-based) each policy token belongs to; -1 elsewhere
+    logprobs: Tensor  # (N, T) sampling log-probs of the policy's tokens, 0 elsewhere
+    records: list[EpisodeRecord]  # (N,)
+    gen_s: float  # seconds in generation
+    env_s: float  # seconds in environment steps (tools)
+
+
+def _safe_step(env: object, text: str) -> StepResult | Exception:
+    try:
+        return env.step(text)  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 - a broken environment ends its episode, not the run
+        return e
+
+
+def _left_pad(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def _right_pad(rows: list[list[int]], pad: int) -> Tensor:
+    out = torch.full((len(rows), max(1, max(len(r) for r in rows))), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: EpisodicTask,
+                 problems: list[Problem], temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                 generator: torch.Generator | None = None) -> Episodes:
+    """Play one episode per problem (repeat problems for groups) under `task.limits`."""
+    lim, pad = task.limits, tokenizer.pad_token_id
+    envs = [task.make_env(p) for p in problems]
+    records: list[EpisodeRecord] = []
+    prompts: list[list[int]] = []
+    for env in envs:
+        first = env.reset()
+        text = "".join(str(m["content"]) for m in first)
+        records.append(EpisodeRecord(prompt=text, messages=list(first)))
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    comp: list[list[int]] = [[] for _ in problems]
+    turn_of: list[list[int]] = [[] for _ in problems]  # per completion token: turn index or -1
+    logps: list[list[float]] = [[] for _ in problems]
+    active, gen_s, env_s = list(range(len(problems))), 0.0, 0.0
+    try:
+        for turn in range(lim.max_turns):
+            if not active:
+                break
+            t0 = time.perf_counter()
+            ids, mask = _left_pad([prompts[i] + comp[i] for i in active], pad)
+            budget = [lim.max_tokens - len(comp[i]) for i in active]
+            ro = generate_ids(model, tokenizer, ids, mask, min(lim.turn_tokens, max(budget)), temperature, top_p,
+                              greedy, generator)
+            texts = []
+            for j, i in enumerate(active):
+                toks = ro.completion_ids[j][ro.completion_mask[j].bool()].tolist()[: budget[j]]
+                comp[i] += toks
+                turn_of[i] += [turn] * len(toks)
+                logps[i] += ro.logprobs[j][: len(toks)].tolist()
+                texts.append(tokenizer.decode(toks, skip_special_tokens=True))
+            t1 = time.perf_counter()
+            results = list(_STEP_POOL.map(_safe_step, [envs[i] for i in active], texts))
+            env_s += time.perf_counter() - t1
+            gen_s += t1 - t0
+            active = [i for i, text, res in zip(active, texts, results, strict=True)
+                      if _record_turn(records[i], (comp[i], turn_of[i], logps[i]), text, res, lim.max_tokens,
+                                      tokenizer, task)]
+        for i in active:
+            records[i].end, records[i].verdict = END_OUT_OF_TURNS, fail(f"no answer within {lim.max_turns} turns")
+    finally:
+        for env in envs:
+            env.close()
+    for r in records:
+        r.reward = float(r.verdict.score) - task.tool_call_penalty * r.tool_calls - task.turn_penalty * r.turns
+    p_ids, p_mask = _left_pad(prompts, pad)
+    c_ids = _right_pad(comp, pad)
+    token_turn = _right_pad(turn_of, -1)
+    lp = torch.zeros(token_turn.shape)
+    for i, row in enumerate(logps):
+        lp[i, : len(row)] = torch.tensor(row)
+    return Episodes(p_ids, p_mask, c_ids, (token_turn >= 0).long(), token_turn, lp, records, gen_s, env_s)
+
+
+def _record_turn(rec: EpisodeRecord, row: tuple[list[int], list[int], list[float]], text: str,
+                 res: StepResult | Exception, max_tokens: int, tokenizer: PreTrainedTokenizerBase,
+                 task: EpisodicTask) -> bool:
+    """Append one turn's outcome to the transcript and the observation's tokens to the episode's row
+    (token ids, turn index per token, log-prob per token); True if the episode goes on."""
+    comp, turn_of, logps = row
+    rec.messages.append({"role": "assistant", "content": text})
+    if isinstance(res, Exception):
+        rec.turn_rewards.append(0.0)
+        rec.end, rec.verdict = END_ERROR, fail(f"environment raised {type(res).__name__}: {str(res)[:200]}")
+        return False
+    rec.turn_rewards.append(float(res.reward))
+    rec.tool_calls += res.tool_calls
+    rec.tool_errors += res.tool_errors
+    rec.messages.extend(res.observation)
+    if res.done:
+        rec.end, rec.verdict = END_ANSWERED, res.verdict
+        return False
+    obs = tokenizer(task.render(res.observation), add_special_tokens=False)["input_ids"]
+    comp += obs
+    turn_of += [-1] * len(obs)
+    logps += [0.0] * len(obs)
+    if len(comp) >= max_tokens:  # no room left for another turn
+        del comp[max_tokens:], turn_of[max_tokens:], logps[max_tokens:]
+        rec.end, rec.verdict = END_TRUNCATED, fail(f"episode ran past {max_tokens} tokens")
+        return False
+    return True
+
+
+def collect_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: EpisodicTask,
+                     cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
+    """The collect step for episodic tasks: B problems, G episodes each, one `Batch` (rows as in `collect`)."""
+    B, G = cfg.prompts_per_step, cfg.group_size
+    problems = [task.sample(prompt_rng) for _ in range(B)]
+    owners = [problems[i // G] for i in range(B * G)]
+    ep = run_episodes(model, tokenizer, task, owners, cfg.temperature, cfg.top_p, generator=sample_rng)
+    verdicts = [r.verdict for r in ep.records]
+    task.observe(owners, verdicts)
+    dev = model.device
+    rewards = torch.tensor([r.reward for r in ep.records], device=dev)
+    policy_tokens = int(ep.completion_mask.sum())
+    metrics = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std().item() if len(owners) > 1 else 0.0,
+               "reward/pass_rate": sum(v.passed for v in verdicts) / len(verdicts),
+               "rollout/len_mean": policy_tokens / len(owners),
+               "rollout/truncated_frac": sum(r.end == END_TRUNCATED for r in ep.records) / len(owners),
+               "perf/gen_s": ep.gen_s, "perf/tool_s": ep.env_s, **episode_stats(ep.records)}
+    extra = None
+    if task.turn_credit > 0:
+        turn_rewards = _right_pad_float([r.turn_rewards for r in ep.records])
+        turn_mask = _turn_mask(ep.records, turn_rewards.shape[1])
+        extra = task.turn_credit * turn_credit(turn_rewards, turn_mask, ep.token_turn, G)
+    truncated = torch.tensor([r.end == END_TRUNCATED for r in ep.records], device=dev)
+    return Batch(owners, ep.prompt_ids.to(dev), ep.prompt_mask.to(dev), ep.completion_ids.to(dev),
+                 ep.completion_mask.to(dev), [_completion_text(r) for r in ep.records], verdicts, rewards, truncated,
+                 metrics, turn_advantages=None if extra is None else extra.to(dev), episodes=ep.records)
+
+
+def _right_pad_float(rows: list[list[float]]) -> Tensor:
+    out = torch.zeros(len(rows), max(1, max(len(r) for r in rows)))
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out
+
+
+def _turn_mask(records: list[EpisodeRecord], k: int) -> Tensor:
+    return torch.tensor([[float(j < r.turns) for j in range(k)] for r in records])
+
+
+def _completion_text(rec: EpisodeRecord) -> str:
+    return "".join(f"{m['role']}: {m['content']}\n" for m in rec.messages[1:])
+
+
+def write_transcripts(path: Path, step: int, records: list[EpisodeRecord]) -> None:
+    """Append one JSON line per episode (`step` plus `EpisodeRecord.to_dict`) to `path`."""
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps({"step": step, **r.to_dict()}, default=str) + "\n")
+
+
+def read_transcripts(path: Path) -> list[tuple[int, EpisodeRecord]]:
+    """The (step, record) pairs `write_transcripts` wrote, in order."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        d = json.loads(line)
+        out.append((d.pop("step"), EpisodeRecord.from_dict(d)))
+    return out
+
+
+def evaluate_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: EpisodicTask,
+                      problems: list[Problem], k: int = 4, temperature: float = 1.0, batch_size: int = 256,
+                      seed: int = 1234, n_samples: int = 5) -> EvalResult:
+    """Greedy episodes (accuracy, `episode_stats`) and k sampled episodes per problem (pass@k)."""
+    gen = torch.Generator().manual_seed(seed)
+    greedy: list[EpisodeRecord] = []
+    any_correct, policy_tokens = 0, 0
+    step = max(1, batch_size // max(k, 1))
+    for start in range(0, len(problems), step):
+        batch = problems[start : start + step]
+        ep = run_episodes(model, tokenizer, task, batch, greedy=True)
+        greedy += ep.records
+        policy_tokens += int(ep.completion_mask.sum())
+        sampled = run_episodes(model, tokenizer, task, [p for p in batch for _ in range(k)], temperature,
+                               generator=gen).records
+        any_correct += sum(any(r.verdict.passed for r in sampled[i * k : (i + 1) * k]) for i in range(len(batch)))
+    n = len(problems)
+    samples = [{"prompt": r.prompt, "completion": _completion_text(r), "correct": r.verdict.passed, "end": r.end}
+               for r in greedy[:n_samples]]
+    stats = episode_stats(greedy)
+    return EvalResult(sum(r.verdict.passed for r in greedy) / n, any_correct / n, k, n, policy_tokens / n,
+                      truncated_frac=stats.get("episode/end/truncated", 0.0), samples=samples, metrics=stats)

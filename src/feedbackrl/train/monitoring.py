@@ -1,0 +1,48 @@
+"""What the on-policy loops need to act on the monitors: the default monitor and the rollback.
+
+The loops call `Monitor.after_step` once per step (see `feedbackrl.monitors.monitor`); these two
+helpers keep the loops' own edits to a few lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from feedbackrl.config import RunConfig
+from feedbackrl.data.labeller import gold_score_for
+from feedbackrl.envs.base import Task
+from feedbackrl.models.load import load_policy
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
+
+
+def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None, task: Task) -> Monitor | None:
+    """The monitor a caller passed in, else one built from the recipe's `[monitors]` (None when disabled).
+
+    With `monitors.gold_every`, the built monitor's gold check is the task's hidden gold score
+    (`data.labeller.gold_score_for`; the verifier for tasks without one).
+    """
+    if monitor is not None:
+        return monitor
+    if not cfg.monitors.enabled:
+        return None
+    return Monitor(cfg.monitors, out_dir, gold_score_for(task) if cfg.monitors.gold_every else None)
+
+
+def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> tuple[int, Path]:
+    """Load the policy weights and optimizer state of the run's latest checkpoint; returns its step and dir.
+
+    The RNGs are not restored: replaying the same samples would walk into the same hack.
+    """
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        raise CheckpointError(f"monitor asked for a rollback but {out_dir}/checkpoints holds no checkpoint")
+    saved = load_policy(str(ckpt))
+    with torch.no_grad():
+        model.load_state_dict(saved.state_dict())
+    state = load_trainer_state(ckpt)
+    optimizer.load_state_dict(state.optimizer)
+    return state.step, ckpt

@@ -1,0 +1,160 @@
+"""Ray rollout and reward workers on a local 2-CPU cluster: a few GRPO steps end to end.
+
+Synchronous workers must give the single process's run bit for bit (same rows, same sampling
+stream, same updates); a worker killed mid-step must change nothing and count nothing twice.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from feedbackrl.config import RunConfig, TaskConfig, build_config  # noqa: E402
+from feedbackrl.envs.procedural.addition import AdditionTask  # noqa: E402
+from feedbackrl.log import MemorySink  # noqa: E402
+from feedbackrl.models.load import load_policy, load_tokenizer  # noqa: E402
+from feedbackrl.scale.ray_collect import RayCollector, RewardPool, RolloutWorker  # noqa: E402
+from feedbackrl.train.checkpoint import resolve_resume  # noqa: E402
+from feedbackrl.train.collect import InProcessCollector, task_scorer  # noqa: E402
+from feedbackrl.train.grpo import train_grpo  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+from test_checkpoint_resume import ShapedAddition, assert_same_parameters  # noqa: E402
+
+STEPS = 3
+KEYS = ("reward/mean", "reward/std", "loss/policy", "kl/mean", "clip_frac", "grad_norm", "rollout/len_mean")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors see this module's worker classes
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    yield
+    ray.shutdown()
+
+
+def config(steps: int = STEPS, **scale) -> RunConfig:
+    # two epochs x two minibatches: the minibatch shuffles draw from the sampling generator after each rollout,
+    # so a collector that left the generator anywhere but where one process leaves it changes the run
+    return build_config({
+        "rollout": {"prompts_per_step": 3, "group_size": 4, "max_new_tokens": 4},
+        "algo": {"steps": steps, "epochs": 2, "minibatches": 2, "lr": 1e-2},
+        "train": {"seed": 3}, "scale": scale,
+    })
+
+
+class CountingScorer:
+    """The task's verifier, counting the completions it was asked to score."""
+
+    def __init__(self, task):
+        self.inner, self.scored = task_scorer(task), 0
+
+    def __call__(self, problems, completions):
+        self.scored += len(completions)
+        return self.inner(problems, completions)
+
+
+def run(model_dir: Path, out: Path, cfg: RunConfig, workers: int = 0, worker_cls: type = RolloutWorker,
+        resume_from: Path | None = None, log=print):
+    model, tok = load_policy(str(model_dir)), load_tokenizer(str(model_dir))
+    task, rows = ShapedAddition(), MemorySink()
+    scorer = CountingScorer(task)
+    if workers:
+        collector = RayCollector(cfg.scale, model, tok, task, scorer, cfg.rollout, worker_cls=worker_cls, log=log)
+    else:
+        collector = InProcessCollector(model, tok, task, scorer, cfg.rollout)
+    train_grpo(cfg, model, tok, task, out, rows, resume_from=resume_from, scorer=scorer, collector=collector)
+    return {k: v.clone() for k, v in model.state_dict().items()}, rows.by_step, scorer.scored
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_model_dir, tmp_path_factory):
+    return run(tiny_model_dir, tmp_path_factory.mktemp("one"), config())
+
+
+def assert_same_run(got, want) -> None:
+    params, rows, _ = got
+    want_params, want_rows, _ = want
+    assert_same_parameters(params, want_params)
+    for step in range(1, STEPS + 1):
+        for key in KEYS:
+            assert rows[step][key] == want_rows[step][key], (step, key)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_synchronous_workers_equal_one_process(tiny_model_dir, tmp_path, one_process, workers):
+    got = run(tiny_model_dir, tmp_path, config(rollout_workers=workers), workers)
+    assert_same_run(got, one_process)
+    assert got[2] == one_process[2] == STEPS * 12
+    assert all(got[1][s]["scale/staleness_max"] == 0 for s in range(1, STEPS + 1))
+    assert len({one_process[1][s]["reward/mean"] for s in range(1, STEPS + 1)}) > 1  # the policy moved
+
+
+class DiesOnce(RolloutWorker):
+    """Exits its process in the middle of its second share (the first time only: a marker file remembers)."""
+
+    marker = ""
+
+    def generate(self, prompts, rows, sample_state, cfg):
+        self.calls = getattr(self, "calls", 0) + 1
+        if rows.start > 0 and self.calls == 2 and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)
+        return super().generate(prompts, rows, sample_state, cfg)
+
+
+def test_a_killed_worker_is_restarted_and_nothing_counts_twice(tiny_model_dir, tmp_path, one_process):
+    marker = tmp_path / "died"
+    cls = type("DiesOnceHere", (DiesOnce,), {"marker": str(marker)})
+    lines: list[str] = []
+    got = run(tiny_model_dir, tmp_path / "out", config(rollout_workers=2), 2, worker_cls=cls, log=lines.append)
+    assert marker.exists()  # the worker did die, during step 2
+    assert_same_run(got, one_process)  # its rows were generated again with the step-2 weights and stream
+    assert got[2] == STEPS * 12  # every completion scored once
+    assert [got[1][s]["scale/worker_restarts"] for s in range(1, STEPS + 1)] == [0.0, 1.0, 1.0]
+    assert len(lines) == 1 and "rollout worker 1 died" in lines[0] and "rows 6..11 generated again" in lines[0]
+
+
+def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_path):
+    _, rows, scored = run(tiny_model_dir, tmp_path, config(4, rollout_workers=2, max_staleness=1), 2)
+    # step 1 waits for a fresh batch; then each batch was sampled while the learner trained on the one before;
+    # the last step is sampled fresh too (no sampling runs ahead of the final checkpoint)
+    assert [rows[s]["scale/staleness_max"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]
+    assert scored == 4 * 12
+    stale = [rows[s]["is_weight/mean"] for s in (2, 3, 4)]
+    assert all(0 < w <= 2.0 for w in stale) and any(abs(w - 1) > 1e-3 for w in stale), stale
+
+
+def test_asynchronous_resume_is_bit_exact(tiny_model_dir, tmp_path):
+    cfg = config(4, rollout_workers=2, max_staleness=1).model_copy(deep=True)
+    cfg.train.checkpoint_every = 2
+    want, want_rows, _ = run(tiny_model_dir, tmp_path / "full", cfg, 2)
+    half = cfg.model_copy(deep=True)
+    half.algo.steps = 2
+    run(tiny_model_dir, tmp_path / "half", half, 2)
+    ckpt = resolve_resume(tmp_path / "half")
+    got, rows, _ = run(ckpt, tmp_path / "half", cfg, 2, resume_from=ckpt)
+    assert_same_parameters(got, want)
+    assert [rows[s]["reward/mean"] for s in (3, 4)] == [want_rows[s]["reward/mean"] for s in (3, 4)]
+    shutil.rmtree(tmp_path)
+
+
+def test_reward_pool_gives_the_task_verdicts_in_order():
+    task = AdditionTask(digits=2)
+    rng = random.Random(0)
+    problems = [task.sample(rng) for _ in range(7)]
+    completions = [p.answer if i % 2 else "0" for i, p in enumerate(problems)]
+    pool = RewardPool(TaskConfig(name="addition", options={"digits": 2}), workers=2)
+    verdicts, _ = pool(problems, completions)
+    assert verdicts == task.verify_batch(problems, completions)
+    assert [v.score for v in verdicts] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]

@@ -1,0 +1,139 @@
+"""The policy behind an OpenAI-compatible endpoint: the official `openai` client reads its
+non-streaming and streaming answers; the raw server-sent events end with finish_reason and
+[DONE]; log-probs are one finite value per completion token (EOS included) and equal the
+training forward's; tool calls stream as tool_calls deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs  # noqa: E402
+from feedbackrl.models.tiny import build_model  # noqa: E402
+from feedbackrl.rollout.generate import Rollout  # noqa: E402
+from feedbackrl.serve import openai_api  # noqa: E402
+from feedbackrl.serve.openai_api import create_app, render_messages  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "12+30="}]
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_model(tokenizer, "tiny", seed=0)
+
+
+def _events(client: TestClient, body: dict) -> list[str]:
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        return [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_logprobs_are_one_finite_value_per_token_and_match_training(model, tokenizer) -> None:
+    client = TestClient(create_app(model, tokenizer))
+    body = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 12, "logprobs": True,
+                                                     "seed": 3}).json()
+    choice = body["choices"][0]
+    lps = [t["logprob"] for t in choice["logprobs"]["content"]]
+    assert len(lps) == body["usage"]["completion_tokens"] and all(math.isfinite(x) and x <= 0 for x in lps)
+    ids = tokenizer.convert_tokens_to_ids([t["token"] for t in choice["logprobs"]["content"]])
+    if choice["finish_reason"] == "stop":
+        assert ids[-1] == tokenizer.eos_token_id  # the stop token has its log-prob too
+    p_ids, p_mask = encode_prompts(tokenizer, ["12+30="])
+    c_ids = torch.tensor([ids])
+    ref, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, torch.ones_like(c_ids))
+    torch.testing.assert_close(torch.tensor([lps]), ref, atol=2e-4, rtol=0)
+
+
+def test_stream_ends_with_finish_reason_then_done_and_matches_the_non_streaming_text(model, tokenizer) -> None:
+    client = TestClient(create_app(model, tokenizer))
+    req = {"messages": MESSAGES, "max_tokens": 10, "seed": 5}
+    whole = client.post("/v1/chat/completions", json=req).json()["choices"][0]
+    events = _events(client, {**req, "stream": True})
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == whole["message"]["content"]  # same seed, same sample
+
+
+def test_openai_client_reads_both_modes(model, tokenizer) -> None:
+    openai = pytest.importorskip("openai")
+    app = create_app(model, tokenizer)
+
+    async def run() -> tuple[str, str]:
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://policy")
+        client = openai.AsyncOpenAI(base_url="http://policy/v1", api_key="local", http_client=http)
+        full = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, seed=1)
+        stream = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, seed=1,
+                                                      stream=True)
+        parts = [c.choices[0].delta.content or "" async for c in stream]
+        await http.aclose()
+        return full.choices[0].message.content, "".join(parts)
+
+    full, streamed = asyncio.run(run())
+    assert full == streamed
+
+
+def test_tool_calls_stream_as_deltas(model, tokenizer, monkeypatch) -> None:
+    text = "calc(12+30)"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    def scripted(model, tokenizer, prompts, max_new_tokens, *args, **kwargs) -> Rollout:
+        c = torch.tensor([ids])
+        return Rollout(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long), c,
+                       torch.ones_like(c), torch.full(c.shape, -0.5), [text], torch.tensor([False]))
+
+    monkeypatch.setattr(openai_api, "generate", scripted)
+    client = TestClient(create_app(model, tokenizer))
+    msg = client.post("/v1/chat/completions", json={"messages": MESSAGES}).json()["choices"][0]
+    assert msg["finish_reason"] == "tool_calls" and msg["message"]["content"] is None
+    call = msg["message"]["tool_calls"][0]
+    assert call["function"] == {"name": "calc", "arguments": json.dumps({"input": "12+30"})}
+    chunks = [json.loads(e) for e in _events(client, {"messages": MESSAGES, "stream": True})[:-1]]
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
+    assert deltas[0]["function"]["name"] == "calc" and deltas[0]["id"].startswith("call_")
+    assert "".join(d["function"]["arguments"] for d in deltas) == json.dumps({"input": "12+30"})
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_tool_round_trip_renders_like_an_episode(tokenizer) -> None:
+    msgs = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"input": "12+30"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    assert render_messages(tokenizer, msgs, None) == "12+30=calc(12+30)<eos>=42\n"
+
+
+def test_token_in_token_out_generate(model, tokenizer) -> None:
+    client = TestClient(create_app(model, tokenizer))
+    prompt = tokenizer("12+30=", add_special_tokens=False)["input_ids"]
+    body = client.post("/inference/v1/generate", json={
+        "model": "policy", "token_ids": prompt,
+        "sampling_params": {"max_tokens": 12, "temperature": 1.0, "logprobs": 1, "seed": 7,
+                            "stop_token_ids": [tokenizer.eos_token_id], "skip_special_tokens": False}}).json()
+    choice = body["choices"][0]
+    ids, content = choice["token_ids"], choice["logprobs"]["content"]
+    assert body["prompt_token_ids"] == prompt and 1 <= len(ids) <= 12 and len(content) == len(ids)
+    assert [c["token"] for c in content] == [f"token_id:{i}" for i in ids]
+    assert all(math.isfinite(c["logprob"]) and c["logprob"] <= 0 for c in content)
+    assert choice["finish_reason"] == ("stop" if ids[-1] == tokenizer.eos_token_id else "length")
+    p_ids = torch.tensor([prompt])
+    ref, _ = sequence_logprobs(model, p_ids, torch.ones_like(p_ids), torch.tensor([ids]), torch.ones(1, len(ids)))
+    torch.testing.assert_close(torch.tensor([[c["logprob"] for c in content]]), ref, atol=2e-4, rtol=0)
+    # an extra stop id ends the completion at its first occurrence, itself included
+    stop = ids[0]
+    again = client.post("/inference/v1/generate", json={"token_ids": prompt, "sampling_params": {
+        "max_tokens": 12, "seed": 7, "stop_token_ids": [stop]}}).json()["choices"][0]
+    assert again["token_ids"] == [stop] and again["finish_reason"] == "stop"
+    assert client.post("/inference/v1/generate", json={"token_ids": []}).status_code == 422
+    assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 512
