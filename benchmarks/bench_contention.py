@@ -6,7 +6,7 @@ The contender is one other PyTorch process with 2 intra-op threads doing matmuls
 a second worker, or a colleague's job, looks like). Each configuration runs once alone and once next
 to the contender, in the same invocation; on a fair scheduler the contended run takes about twice as
 long on a fully used machine. Ours: the demo recipe cut to 40 SFT + 10 GRPO steps (held-out eval of
-400 problems before and after), `report.json`'s wall_seconds. TRL: 10 GRPO steps of bench_grpo.py's
+100 problems before and after), `report.json`'s wall_seconds. TRL: 10 GRPO steps of bench_grpo.py's
 TRL worker (tiny model, 64 completions of 16 tokens per step), summed step times.
 """
 
@@ -46,7 +46,7 @@ def ours(threads: int, extra: dict[str, str]) -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-c", "from feedbackrl.cli import app; app()", "train", str(RECIPE), "--out", out,
                "--set", "sft.steps=40", "--set", "algo.steps=10", "--set", "eval.every=0",
-               "--set", f"train.threads={threads}"]
+               "--set", "task.heldout_size=100", "--set", f"train.threads={threads}"]
         subprocess.run(cmd, env=env(threads, extra), check=True, capture_output=True)
         return json.loads((Path(out) / "report.json").read_text())["wall_seconds"]
 

@@ -9,7 +9,8 @@ Swap `--base-url` for a real endpoint (vLLM, llama.cpp, a hosted API) to use a m
 
     python examples/judge_grpo.py --out runs/judge_grpo --steps 40
 
-Writes OUT/metrics.jsonl (with judge/* metrics and judge/gold_agreement per step) and
+Writes OUT/metrics.jsonl (with judge/* metrics, judge/gold_agreement over all completions and
+judge/gold_agreement_judged over those that passed the rule check and reached the judge) and
 OUT/judge_run.json (held-out greedy accuracy before and after, mean agreement, calls, tokens).
 """
 
@@ -84,9 +85,11 @@ def main() -> None:
             with ThreadPoolExecutor(8) as pool:
                 verdicts = list(pool.map(reward, problems, texts))
             gold = [task.verify(p, t).passed for p, t in zip(problems, texts, strict=True)]
-            agree = sum(v.passed == g for v, g in zip(verdicts, gold, strict=True)) / len(gold)
-            return verdicts, {**chat.pop_metrics(), "judge/gold_agreement": agree, "reward/gold_mean":
-                              sum(gold) / len(gold)}
+            agree = [v.passed == g for v, g in zip(verdicts, gold, strict=True)]
+            judged = [a for a, v in zip(agree, verdicts, strict=True) if "judge" in v.details["parts"]]
+            return verdicts, {**chat.pop_metrics(), "judge/gold_agreement": sum(agree) / len(agree),
+                              "judge/gold_agreement_judged": sum(judged) / max(len(judged), 1),
+                              "judge/judged": len(judged), "reward/gold_mean": sum(gold) / len(gold)}
 
         cfg = build_config({"rollout": {"prompts_per_step": 16, "group_size": 8, "max_new_tokens": 8},
                             "algo": {"steps": args.steps, "lr": 5e-4}, "train": {"threads": 1}})
@@ -102,6 +105,8 @@ def main() -> None:
     result = {"greedy_accuracy_before": before, "greedy_accuracy_after": after, "steps": args.steps,
               "judge_noise": args.noise, "rl_seconds": time.perf_counter() - t0,
               "judge_gold_agreement_mean": sum(r["judge/gold_agreement"] for r in rows) / len(rows),
+              "judge_gold_agreement_judged": sum(r["judge/gold_agreement_judged"] * r["judge/judged"] for r in rows)
+              / max(sum(r["judge/judged"] for r in rows), 1),
               "judge_calls": sum(r["judge/calls"] for r in rows), "judge_cache_hits": sum(r["judge/cache_hits"]
                                                                                      for r in rows),
               "judge_tokens": sum(r["judge/prompt_tokens"] + r["judge/completion_tokens"] for r in rows)}

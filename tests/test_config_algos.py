@@ -129,3 +129,16 @@ def test_the_run_path_dispatches_on_the_algorithm(monkeypatch, tmp_path, data, n
     with pytest.raises(Stop) as e:
         run_path.run(cfg, tmp_path)
     assert str(e.value) == name
+
+
+def test_the_final_eval_is_logged_at_the_algorithms_last_step(tmp_path):
+    """An SFT warm start longer than the RL run must not move the final eval to its own last step."""
+    from feedbackrl.data.rows import read_jsonl
+    from feedbackrl.train.run import run
+
+    cfg = build_config({"task": {"name": "reverse", "heldout_size": 2}, "sft": {"steps": 5, "batch_size": 4},
+                        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+                        "algo": {"steps": 2}, "eval": {"pass_k": 1}, "train": {"threads": 1}})
+    run(cfg, tmp_path)
+    evals = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("phase") == "eval"]
+    assert evals == [0, 2]

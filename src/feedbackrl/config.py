@@ -318,6 +318,9 @@ class RunConfig(Section):
         a, n = self.algo, self.rollout.prompts_per_step * self.rollout.group_size
         if a.name in ONLINE_ALGOS and n % a.minibatches:
             raise ValueError(f"algo.minibatches={a.minibatches} must divide prompts_per_step*group_size={n}")
+        if self.scale.uses_ray and a.name not in ("grpo", "rloo"):
+            raise ValueError(f"scale.rollout_workers / scale.reward_workers work with algo.name grpo and rloo so far, "
+                             f"not {a.name!r}")
         if a.name == "grpo" and a.scale_advantages and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 for group-normalised advantages")
         if a.name == "rloo" and self.rollout.group_size < 2:

@@ -235,3 +235,19 @@ def test_a_local_hf_model_as_judge_goes_through_the_same_parsing(tiny_model_dir)
     m = chat.pop_metrics()
     assert (m["judge/calls"], m["judge/unparsable"], m["judge/completion_tokens"]) == (2, 1, 16)
     assert chat.backend.name == f"hf:{tiny_model_dir}"
+
+
+def test_groupwise_reward_scores_each_group_by_its_round_robin():
+    from feedbackrl.rewards.judge import groupwise_reward
+
+    judge, server, app = pair_judge(RuleJudge(gold))
+    other = Problem("xyz=", "zyx")
+    problems = [PROBLEM] * 3 + [other] * 2  # two groups: rows 0-2 and 3-4
+    try:
+        verdicts = groupwise_reward(judge)(problems, ["cba", "abc", "bca", "zyx", "zyx"])
+    finally:
+        server.__exit__()
+    # group 1: "cba" beats both (2 / 2), the wrong ones tie each other (0.5 / 2); group 2: identical, 0.5 each
+    assert [v.score for v in verdicts] == [1.0, 0.25, 0.25, 0.5, 0.5]
+    assert [v.passed for v in verdicts] == [True, False, False, False, False]
+    assert len(app.state.requests) == 6  # 3 pairs x 2 orders; identical completions are not asked about

@@ -224,6 +224,27 @@ class PairwiseJudge:
         return [(wins[i] + 0.5 * ties[i]) / (n - 1) if n > 1 else 0.5 for i in range(n)]
 
 
+def groupwise_reward(judge: PairwiseJudge) -> Any:
+    """A batch reward for GRPO that judges each group together: consecutive rows answering the same
+    problem object form a group, and each completion scores its round-robin win rate in it.
+
+    (problems, completions) -> verdicts, one per row; a verdict passes when it beats its group on average.
+    """
+    def score(problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
+        verdicts: list[Verdict] = []
+        i = 0
+        while i < len(problems):
+            j = i + 1
+            while j < len(problems) and problems[j] is problems[i]:
+                j += 1
+            for s in judge.group_scores(problems[i], completions[i:j]):
+                verdicts.append(Verdict(s, s > 0.5, f"win rate {s:.2f} in a group of {j - i}", {"win_rate": s}))
+            i = j
+        return verdicts
+
+    return score
+
+
 @dataclass
 class Hybrid:
     """Rule checks for hard constraints, the judge for the soft ones: any failed rule scores 0 without asking."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.config import RunConfig
+from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.scale.ray_collect import RayCollector, RewardPool, start_ray
 from feedbackrl.train.collect import Collector, InProcessCollector, Scorer
 
@@ -14,12 +15,15 @@ def ray_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedT
                   scorer: Scorer) -> Collector:
     """Ray rollout workers (`scale.rollout_workers`) and/or a verifier pool (`scale.reward_workers`).
 
-    The verifier pool replaces the task's own verifier; a recipe with a `[reward]` model keeps scoring
-    in the learner.
+    The verifier pool replaces the task's own verifier; a recipe whose `[reward]` names a model or a
+    source keeps scoring in the learner.
     """
     s = cfg.scale
+    if s.rollout_workers and isinstance(task, EpisodicTask):
+        raise ConfigError(f"scale.rollout_workers={s.rollout_workers}: multi-turn task {task.name!r} rolls out "
+                          "episodes in the learner's process so far; set scale.rollout_workers = 0")
     start_ray(s.ray_address, s.rollout_workers + s.reward_workers)
-    if s.reward_workers and not cfg.reward.model:
+    if s.reward_workers and not (cfg.reward.model or cfg.reward.source):
         scorer = RewardPool(cfg.task, s.reward_workers)
     if s.rollout_workers == 0:
         return InProcessCollector(model, tokenizer, task, scorer, cfg.rollout)

@@ -242,12 +242,15 @@ def evaluate_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         ep = run_episodes(model, tokenizer, task, batch, greedy=True)
         greedy += ep.records
         policy_tokens += int(ep.completion_mask.sum())
+        if not k:  # greedy only
+            continue
         sampled = run_episodes(model, tokenizer, task, [p for p in batch for _ in range(k)], temperature,
                                generator=gen).records
         any_correct += sum(any(r.verdict.passed for r in sampled[i * k : (i + 1) * k]) for i in range(len(batch)))
     n = len(problems)
     samples = [{"prompt": r.prompt, "completion": _completion_text(r), "correct": r.verdict.passed, "end": r.end}
                for r in greedy[:n_samples]]
-    stats = episode_stats(greedy)
-    return EvalResult(sum(r.verdict.passed for r in greedy) / n, any_correct / n, k, n, policy_tokens / n,
-                      truncated_frac=stats.get("episode/end/truncated", 0.0), samples=samples, metrics=stats)
+    return EvalResult(accuracy=sum(r.verdict.passed for r in greedy) / n,
+                      pass_at_k=any_correct / n if k else float("nan"), k=k, n=n, mean_len=policy_tokens / n,
+                      truncated_frac=sum(r.end == END_TRUNCATED for r in greedy) / n, samples=samples,
+                      metrics=episode_stats(greedy))

@@ -46,6 +46,7 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
 
     Reports the fraction of greedy answers cut off by `max_new_tokens` and warns above `warn_truncated`
     (an answer cut off is usually graded on text that never reached its end); `truncated_fails` fails them.
+    Episodic tasks play whole episodes (`train/episodes.py`; the truncation options do not apply there).
     """
     if isinstance(task, EpisodicTask):
         from feedbackrl.train.episodes import evaluate_episodes  # it returns an EvalResult: imported here

@@ -16,6 +16,8 @@ from rich.table import Table
 
 from feedbackrl.data.rows import read_jsonl
 from feedbackrl.log import console
+from feedbackrl.monitors.monitor import ALERTS_FILE
+from feedbackrl.monitors.plot import mark_alerts
 
 
 def _eval_table(report: dict[str, Any]) -> None:
@@ -56,6 +58,11 @@ def print_report(report: dict[str, Any]) -> None:
         marks = ", ".join(f"{k.removeprefix('labels_to_')}: {v}" for k, v in o.items() if k.startswith("labels_to_"))
         console.print(f"{o['selection']}: held-out accuracy {o['final_accuracy']:.3f} after {o['labels']} labels "
                       f"(ceiling {o['heldout_ceiling']['expected']:.3f}); labels to reach {marks}")
+    alerts = report.get("alerts") or {}
+    if alerts.get("count"):
+        by = ", ".join(f"{name} x{n}" for name, n in alerts["by_detector"].items())
+        console.print(f"[yellow]monitors: {alerts['count']} alert(s), the first at step {alerts['first_step']} "
+                      f"({by}); see alerts.jsonl or `feedbackrl monitor RUN_DIR`")
     console.print(f"wall time {report['wall_seconds']:.1f}s (training {report['train_seconds']:.1f}s)")
 
 
@@ -64,10 +71,12 @@ def _smooth(xs: list[float], window: int) -> list[float]:
     return [sum(xs[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(xs))]
 
 
-def plot_proxy_vs_gold(runs: dict[str, Path], png_path: Path, title: str = "", window: int = 10) -> None:
+def plot_proxy_vs_gold(runs: dict[str, Path], png_path: Path, title: str = "", window: int = 10,
+                       alerts: list[dict[str, Any]] | None = None) -> None:
     """Training (proxy) reward and hidden gold reward per RL step for one or more runs' metrics.jsonl.
 
-    Raw values are drawn faint, a `window`-step moving average bold; proxy solid, gold dashed.
+    Raw values are drawn faint, a `window`-step moving average bold; proxy solid, gold dashed; the
+    monitors' `alerts` (rows of alerts.jsonl) as vertical lines at their steps.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -82,6 +91,7 @@ def plot_proxy_vs_gold(runs: dict[str, Path], png_path: Path, title: str = "", w
     ax.set_xlabel("RL step")
     ax.set_ylabel(f"mean reward of the training batch ({window}-step average)")
     ax.set_ylim(-0.02, 1.02)
+    mark_alerts(ax, alerts or [])
     _finish(fig, ax, png_path, title)
 
 
@@ -108,8 +118,10 @@ def write_plot(metrics_path: Path, png_path: Path, title: str = "") -> None:
     """The run's curves.png, from its metrics.jsonl (see the module docstring)."""
     rows = read_jsonl(metrics_path)
     rl = [r for r in rows if r.get("phase") == "rl"]
+    alerts_path = metrics_path.parent / ALERTS_FILE
+    alerts = read_jsonl(alerts_path) if rl and alerts_path.is_file() else []
     if rl and "reward/gold_mean" in rl[0]:
-        plot_proxy_vs_gold({"this run": metrics_path}, png_path, title)
+        plot_proxy_vs_gold({"this run": metrics_path}, png_path, title, alerts=alerts)
         return
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -121,6 +133,7 @@ def write_plot(metrics_path: Path, png_path: Path, title: str = "") -> None:
                 label="held-out accuracy (greedy)")
         ax.set_xlabel("RL step")
         ax.set_ylim(-0.02, 1.02)
+        mark_alerts(ax, alerts)
     elif online:
         ax.plot([r["labels"] for r in online], [r["rm/heldout_accuracy"] for r in online], "o-",
                 label="reward model: held-out pairwise accuracy")

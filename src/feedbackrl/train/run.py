@@ -39,6 +39,7 @@ from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.tiny import make_tiny
+from feedbackrl.monitors.report import alerts_section
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
 from feedbackrl.train.context import Algorithm, Run
 from feedbackrl.train.evaluate import EvalResult, evaluate
@@ -185,13 +186,16 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
         report["eval_before"], report["eval_after"] = before, None
         if entry.trains_policy:
             after = run_eval(model, tokenizer, task, cfg).to_dict()
-            last = max((r["step"] for r in read_jsonl(out_dir / "metrics.jsonl")), default=0)
+            # at the algorithm's last step, not a longer SFT warm start's
+            last = max((r["step"] for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("phase") != "sft"),
+                       default=0)
             sink.log(last, _eval_metrics(after, cfg.eval.pass_k))
             report["eval_after"] = after
         if baseline is not None:
             report["gold_vs_sft"] = gold_comparison(model, baseline, tokenizer, task.heldout(cfg.task.heldout_size),
                                                     gold_score_for(task), cfg.rollout.max_new_tokens,
                                                     cfg.rollout.temperature)
+        report["alerts"] = alerts_section(out_dir)  # the monitors' alerts (none when they are off)
     finally:
         sink.close()
     report.update(wall_seconds=time.perf_counter() - t_start, resumed_from=str(ckpt) if ckpt else None)

@@ -46,3 +46,31 @@ def test_worker_env_sets_the_budget_and_passive_waiting():
     env = worker_env(3)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_scale_config_checks():
+    from feedbackrl.config import ConfigError, build_config
+
+    assert not build_config({}).scale.uses_ray  # the default is one process
+    with pytest.raises(ConfigError, match="scale.max_staleness=1 needs scale.rollout_workers >= 1"):
+        build_config({"scale": {"max_staleness": 1}})
+    with pytest.raises(ConfigError, match="work with algo.name grpo and rloo so far, not 'ppo'"):
+        build_config({"algo": {"name": "ppo"}, "scale": {"rollout_workers": 2}})
+
+
+def test_importing_feedbackrl_first_makes_openmp_wait_passively():
+    # OMP_DISPLAY_ENV=VERBOSE makes libgomp print the settings it read when torch loaded it; the wait policy line
+    # reads PASSIVE even when unset, the spin count tells: 300000 spins unset, 0 when passive
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = "import feedbackrl, torch; torch.ones(4, 4) @ torch.ones(4, 4)"
+    proc = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_DISPLAY_ENV": "VERBOSE"}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "GOMP_SPINCOUNT = '0'" in proc.stderr, proc.stderr[-2000:]
+    kept = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_DISPLAY_ENV": "VERBOSE",
+                                                             "OMP_WAIT_POLICY": "ACTIVE"},
+                          capture_output=True, text=True, timeout=120)
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in kept.stderr  # the user's choice wins

@@ -1,0 +1,44 @@
+"""The run's summary and plot show the monitors' alerts: a count in the printed summary, a line per
+alert on curves.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from feedbackrl.log import console
+from feedbackrl.monitors.report import alerts_section
+from feedbackrl.train import report as report_mod
+
+
+def write_run(tmp_path: Path, alerts: list[dict]) -> Path:
+    rows = [{"step": s, "phase": "rl", "reward/mean": 0.1 * s, "reward/gold_mean": 0.05 * s} for s in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if alerts:
+        (tmp_path / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alerts))
+    return tmp_path
+
+
+def test_alerts_are_drawn_at_their_steps_and_counted_in_the_summary(tmp_path, monkeypatch):
+    alerts = [{"step": 3, "detector": "proxy_gold", "kind": "hacking"},
+              {"step": 4, "detector": "length_gaming", "kind": "hacking"}]
+    run = write_run(tmp_path, alerts)
+    drawn = []
+    monkeypatch.setattr(report_mod, "mark_alerts", lambda ax, a: drawn.append([x["step"] for x in a]))
+    report_mod.write_plot(run / "metrics.jsonl", run / "curves.png", "t")
+    assert drawn == [[3, 4]] and (run / "curves.png").stat().st_size > 0
+    section = alerts_section(run)
+    assert section["count"] == 2 and section["first_step"] == 3
+    with console.capture() as cap:
+        report_mod.print_report({"task": "t", "algo": "grpo", "alerts": section, "wall_seconds": 1.0,
+                                 "train_seconds": 0.5})
+    assert "monitors: 2 alert(s), the first at step 3 (proxy_gold x1, length_gaming x1)" in cap.get()
+
+
+def test_a_run_without_alerts_says_nothing_about_them(tmp_path):
+    run = write_run(tmp_path, [])
+    report_mod.write_plot(run / "metrics.jsonl", run / "curves.png", "t")
+    with console.capture() as cap:
+        report_mod.print_report({"task": "t", "algo": "grpo", "alerts": alerts_section(run), "wall_seconds": 1.0,
+                                 "train_seconds": 0.5})
+    assert "alert" not in cap.get()
