@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct (or any model directory) against TRL and HF generate, on this CPU, in one run.
 
-    python benchmarks/bench_real_model.py [--model smollm2] [--threads 1] [--length 16] [--timed 2]
+    python benchmarks/bench_real_model.py [--model smollm2] [--threads 1] [--length 16] [--timed 3]
 
 Rows, each pair alternating step by step (or call by call) so machine load hits both sides:
 1. generation, batch 64 x `--length` new tokens: our `generate` vs HF `model.generate` (fp32);
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timed", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=4, help="generation calls per side")
     args = ap.parse_args()
     from feedbackrl.models.load import resolve_model_path
 
@@ -69,7 +70,7 @@ def main() -> None:
     with open(logdir / "generate.log", "w") as wlog:
         out["generate"] = run_worker([str(HERE / "bench_generate.py"), "generate", "--model", str(model),
                                       "--threads", str(args.threads), "--new-tokens", str(args.length),
-                                      "--repeats", "2"], args.threads, wlog)
+                                      "--repeats", str(args.repeats)], args.threads, wlog)
     log(f"generate: ratio {statistics.median(out['generate']['ratio_per_repeat']):.2f}")
     for key, sides in (("grpo_fp32", [("feedbackrl", "fp32"), ("trl", "fp32")]),
                        ("grpo_bf16", [("feedbackrl", "bf16"), ("trl", "bf16")]),

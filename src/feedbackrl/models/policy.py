@@ -56,5 +56,10 @@ def setup_policy(model: PreTrainedModel, lora: Any, train: Any) -> PreTrainedMod
         model = apply_lora(model, lora, seed=train.seed)
     if train.gradient_checkpointing:
         # non-reentrant checkpointing needs no input-grad hook; the fast decoder ignores that hook anyway
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5.2x renamed gradient_checkpointing_enable (now a deprecated alias) to activation_...
+        kwargs = {"use_reentrant": False}
+        if hasattr(type(model), "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
