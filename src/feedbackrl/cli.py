@@ -82,13 +82,13 @@ def eval_(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir o
     from feedbackrl.config import load_config
     from feedbackrl.envs.registry import make_task
     from feedbackrl.models.load import load_policy, load_tokenizer
-    from feedbackrl.train.run import run_eval, set_threads
+    from feedbackrl.train.run import model_task, run_eval, set_threads
 
     try:
         cfg = load_config(recipe, set_ or [])
         set_threads(cfg.train.threads)
-        task = make_task(cfg.task)
-        result = run_eval(load_policy(model), load_tokenizer(model), task, cfg).to_dict()
+        policy, tokenizer = load_policy(model), load_tokenizer(model)
+        result = run_eval(policy, tokenizer, model_task(cfg, make_task(cfg.task), tokenizer), cfg).to_dict()
     except _user_errors() as e:
         _fail(str(e))
     text = json.dumps(result, indent=2)

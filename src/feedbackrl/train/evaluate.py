@@ -27,7 +27,8 @@ class EvalResult:
     metrics: dict[str, float] = field(default_factory=dict)  # episodic tasks: `episode_stats` of the greedy episodes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"accuracy": self.accuracy, f"pass@{self.k}": self.pass_at_k, "k": self.k, "n": self.n,
+        sampled = {f"pass@{self.k}": self.pass_at_k} if self.k else {}  # k = 0: greedy only, no pass@k
+        return {"accuracy": self.accuracy, **sampled, "k": self.k, "n": self.n,
                 "mean_len": self.mean_len, "truncated_frac": self.truncated_frac, "samples": self.samples,
                 **self.metrics}
 
@@ -77,5 +78,6 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
     any_correct = any_correct if k else float("nan")
     if cut / n > warn_truncated:
         console.print(f"[yellow]warning: {cut}/{n} greedy eval answers hit max_new_tokens={max_new_tokens} before an "
-                      "end token; raise rollout.max_new_tokens (or set rollout.truncated_fails = true)")
+                      "end token; raise rollout.max_new_tokens"
+                      + ("" if truncated_fails else " (or set rollout.truncated_fails = true)"))
     return EvalResult(correct / n, any_correct / n, k, n, lengths / n, cut / n, samples)

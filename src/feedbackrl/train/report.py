@@ -30,7 +30,10 @@ def _eval_table(report: dict[str, Any]) -> None:
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
     k = shown["k"]
-    for key, label in (("accuracy", "greedy pass@1"), (f"pass@{k}", f"pass@{k}"), ("mean_len", "mean length")):
+    rows = [("accuracy", "greedy pass@1"), (f"pass@{k}", f"pass@{k}"), ("mean_len", "mean length")]
+    if "truncated_frac" in shown:
+        rows.append(("truncated_frac", "cut off at max_new_tokens"))
+    for key, label in rows if k else [r for r in rows if r[0] != f"pass@{k}"]:
         b = f"{before[key]:.3f}" if before else "-"
         a = f"{after[key]:.3f}" if after else "-"
         table.add_row(label, b, a)

@@ -34,9 +34,12 @@ from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.data.labeller import gold_score_for
 from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.chat import chat_task
+from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
 from feedbackrl.models.load import load_policy, load_tokenizer
+from feedbackrl.models.policy import setup_policy
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.monitors.report import alerts_section
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
@@ -109,7 +112,15 @@ def make_sink(cfg: RunConfig, out_dir: Path) -> MetricsSink:
 def run_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, cfg: RunConfig) -> EvalResult:
     problems = task.heldout(cfg.task.heldout_size)
     return evaluate(model, tokenizer, task, problems, cfg.rollout.max_new_tokens, k=cfg.eval.pass_k,
-                    temperature=cfg.rollout.temperature, batch_size=cfg.eval.batch_size)
+                    temperature=cfg.rollout.temperature, batch_size=cfg.eval.batch_size,
+                    truncated_fails=cfg.rollout.truncated_fails, warn_truncated=cfg.eval.warn_truncated)
+
+
+def model_task(cfg: RunConfig, task: Task, tokenizer: PreTrainedTokenizerBase) -> Task:
+    """The task as this model sees it: prompts rendered with its chat template (`model.chat_template`);
+    multi-turn tasks render their own transcripts."""
+    return task if isinstance(task, EpisodicTask) else chat_task(task, tokenizer, cfg.model.chat_template,
+                                                                 cfg.model.system_prompt)
 
 
 def start_run(cfg: RunConfig, out_dir: str | Path) -> Path:
@@ -125,7 +136,8 @@ def start_run(cfg: RunConfig, out_dir: str | Path) -> Path:
 
 
 def _eval_metrics(result: dict[str, Any], k: int) -> dict[str, Any]:
-    return {"phase": "eval", "eval/accuracy": result["accuracy"], f"eval/pass@{k}": result[f"pass@{k}"]}
+    sampled = {f"eval/pass@{k}": result[f"pass@{k}"]} if k else {}  # eval.pass_k = 0: greedy only
+    return {"phase": "eval", "eval/accuracy": result["accuracy"], **sampled}
 
 
 def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.device, Path | None]:
@@ -144,17 +156,21 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
 
 
 def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None, device: torch.device,
-                   sink: MetricsSink) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any] | None]:
-    """The policy the algorithm starts from, and its held-out evaluation: built or loaded, then SFT and
-    evaluated; or, resuming, the checkpoint's policy and the evaluation the run saved when it started."""
+                   sink: MetricsSink) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Task, dict[str, Any] | None]:
+    """The policy the algorithm starts from, the task as it sees it, and its held-out evaluation: built or
+    loaded, `[lora]` and checkpointing applied, then SFT and evaluated; or, resuming, the checkpoint's
+    policy (adapters included) and the evaluation the run saved when it started."""
     if ckpt is not None:
         if read_config_json(ckpt) != json.loads(cfg.model_dump_json()):
             console.print("[yellow]warning: resuming with a config that differs from the checkpoint's")
+        model, tokenizer = load_policy(str(ckpt)), load_tokenizer(str(ckpt))
+    else:
+        model, tokenizer = load_or_build(cfg, out_dir)
+    model = setup_policy(model.to(device), cfg.lora, cfg.train)  # [lora], gradient checkpointing, precision
+    task = model_task(cfg, task, tokenizer)
+    if ckpt is not None:
         before_path = out_dir / "eval_before.json"
-        before = json.loads(before_path.read_text()) if before_path.exists() else None
-        return load_policy(str(ckpt)).to(device), load_tokenizer(str(ckpt)), before
-    model, tokenizer = load_or_build(cfg, out_dir)
-    model.to(device)
+        return model, tokenizer, task, json.loads(before_path.read_text()) if before_path.exists() else None
     if cfg.sft.steps and cfg.algo.name != "sft":  # a warm start; with algo.name = "sft" it is the algorithm
         sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
         model.save_pretrained(out_dir / "sft_policy")
@@ -162,7 +178,7 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
     before = run_eval(model, tokenizer, task, cfg).to_dict()
     (out_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
     sink.log(0, _eval_metrics(before, cfg.eval.pass_k))
-    return model, tokenizer, before
+    return model, tokenizer, task, before
 
 
 def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
@@ -177,12 +193,12 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
     report: dict[str, Any] = {"task": cfg.task.name, "algo": cfg.algo.name,
                               "reward": cfg.reward.model or cfg.reward.source or "verifier"}
     try:
-        model, tokenizer, before = prepare_policy(cfg, task, out_dir, ckpt, device, sink)
+        model, tokenizer, task, before = prepare_policy(cfg, task, out_dir, ckpt, device, sink)
         baseline = copy.deepcopy(model).eval() if proxy and entry.trains_policy else None
 
         def on_eval(step: int) -> dict[str, Any]:
             r = run_eval(model, tokenizer, task, cfg)
-            return {"eval/accuracy": r.accuracy, f"eval/pass@{r.k}": r.pass_at_k}
+            return {k: v for k, v in _eval_metrics(r.to_dict(), r.k).items() if k != "phase"}
 
         scorer = gold_scorer(reward, gold_score_for(task) if proxy else None)
         t_train = time.perf_counter()
