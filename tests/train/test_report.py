@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.log import console
 from feedbackrl.monitors.report import alerts_section
 from feedbackrl.train import report as report_mod
@@ -42,3 +43,24 @@ def test_a_run_without_alerts_says_nothing_about_them(tmp_path):
         report_mod.print_report({"task": "t", "algo": "grpo", "alerts": alerts_section(run), "wall_seconds": 1.0,
                                  "train_seconds": 0.5})
     assert "alert" not in cap.get()
+
+
+def test_the_run_path_renders_prompts_with_the_models_chat_template(tmp_path, smol_lm, smol_tokenizer):
+    """A model with a chat template sees every prompt through it, in eval as in training."""
+    from feedbackrl.config import build_config
+    from feedbackrl.train.run import run
+
+    model_dir = tmp_path / "smol"
+    smol_lm.save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    cfg = build_config({"model": {"path": str(model_dir), "system_prompt": "Be brief."},
+                        "task": {"name": "addition", "heldout_size": 2},
+                        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 3},
+                        "algo": {"steps": 1}, "eval": {"pass_k": 0}, "train": {"threads": 1}})
+    report = run(cfg, tmp_path / "run")
+    shown = report["eval_before"]["samples"][0]["prompt"]
+    raw = AdditionTask().heldout(1)[0].prompt  # the task's own text, before rendering
+    want = smol_tokenizer.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                               {"role": "user", "content": raw}],
+                                              tokenize=False, add_generation_prompt=True)
+    assert shown == want != raw and "pass@0" not in report["eval_before"]
