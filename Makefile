@@ -4,6 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedbackrl-installed
+TEST_STAMP := $(VENV)/.feedbackrl-test-extras
 
 .PHONY: setup demo test test-all lint bench smollm2
 
@@ -16,15 +17,20 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# the optional extras whose tests run in `make test` too: GGUF loading, LoRA, the agents' search and MCP tools
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,feedback,ray,gguf,lora,agents]'
+	touch $(TEST_STAMP)
+
 demo: setup
 	$(VENV)/bin/feedbackrl demo --out runs/demo
 
-test: setup
+test: $(TEST_STAMP)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
-test-all: setup
+test-all: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"
 
 lint: setup
