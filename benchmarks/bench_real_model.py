@@ -59,7 +59,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timed", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=4, help="generation calls per side")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/real_model.json)")
     args = ap.parse_args()
+    result_path = args.out or RESULTS / "real_model.json"
     from feedbackrl.models.load import resolve_model_path
 
     model = Path(resolve_model_path(args.model))
@@ -77,9 +79,9 @@ def main() -> None:
                        ("ours_bf16_vs_fp32", [("feedbackrl", "bf16"), ("feedbackrl", "fp32")])):
         out[key] = lockstep(model, args.length, sides, args.warmup, args.timed, args.threads, logdir)
         log(f"{key}: ratio {out[key]['ratio']:.2f}")
-        (RESULTS / "real_model.json").write_text(json.dumps(out, indent=2))
+        result_path.write_text(json.dumps(out, indent=2))
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    (RESULTS / "real_model.json").write_text(json.dumps(out, indent=2))
+    result_path.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
