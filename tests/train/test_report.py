@@ -64,3 +64,20 @@ def test_the_run_path_renders_prompts_with_the_models_chat_template(tmp_path, sm
                                                {"role": "user", "content": raw}],
                                               tokenize=False, add_generation_prompt=True)
     assert shown == want != raw and "pass@0" not in report["eval_before"]
+
+
+def test_dpo_on_the_users_own_pairs_says_there_is_no_gold(tmp_path, tiny_model_dir):
+    """Pairs without gold columns (a user's own data) get no gold win rate against the default task."""
+    from feedbackrl.config import build_config
+    from feedbackrl.train.run import run
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": str(a)}) + "\n"
+                             for a in range(8)))
+    cfg = build_config({"model": {"path": str(tiny_model_dir)}, "algo": {"name": "dpo", "batch_size": 4, "epochs": 1},
+                        "prefs": {"path": str(pairs)}, "task": {"heldout_size": 2}, "eval": {"pass_k": 0},
+                        "train": {"threads": 1}})
+    with console.capture() as cap:
+        report = run(cfg, tmp_path / "run")
+    assert report["prefs"]["gold"] is False and "gold_vs_sft" not in report
+    assert "no gold comparison with the starting policy" in report["no_gold"] and "no gold comparison" in cap.get()

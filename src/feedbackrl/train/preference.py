@@ -285,6 +285,8 @@ def run_dpo(run: Run) -> dict[str, Any]:
     cfg = run.cfg
     train, _, info = preference_data(cfg, run.model, run.tokenizer, run.task, simulated_labeller(run), run.out_dir,
                                      heldout=False)
+    # pairs written by the simulated labeller carry their gold scores; a user's own pairs do not
+    info["gold"] = all("gold_chosen" in x.meta or "gold" in x.meta for x in train)
     final = train_dpo(cfg.algo, run.model, run.tokenizer, train, cfg.train.seed, run.sink)
     run.model.save_pretrained(run.out_dir / "policy")
     run.tokenizer.save_pretrained(run.out_dir / "policy")

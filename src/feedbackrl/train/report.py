@@ -51,7 +51,9 @@ def print_report(report: dict[str, Any]) -> None:
                       f" agreement with gold {rm.get('rm/heldout_gold_agreement', nan):.3f}")
         if "rm/heldout_safety_accuracy" in rm:
             console.print(f"safe/unsafe accuracy on held-out responses {rm['rm/heldout_safety_accuracy']:.3f}")
-    if "gold_vs_sft" in report:
+    if report.get("no_gold"):
+        console.print(report["no_gold"])
+    if report.get("gold_vs_sft"):
         g = report["gold_vs_sft"]
         console.print(f"gold win rate vs SFT: sampled {g['win_rate']:.3f}, greedy {g['win_rate_greedy']:.3f};"
                       f" gold mean {g['baseline_gold_mean']:.3f} -> {g['gold_mean']:.3f};"

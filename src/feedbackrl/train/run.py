@@ -212,6 +212,10 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
                        default=0)
             sink.log(last, _eval_metrics(after, cfg.eval.pass_k))
             report["eval_after"] = after
+        if report.get("prefs", {}).get("gold") is False:  # the user's own pairs: the task's gold says nothing
+            baseline = None
+            report["no_gold"] = (f"trained on preferences from {report['prefs']['source']} that carry no gold score: "
+                                 "no gold comparison with the starting policy; judge it on your own held-out data")
         if baseline is not None:
             report["gold_vs_sft"] = gold_comparison(model, baseline, tokenizer, task.heldout(cfg.task.heldout_size),
                                                     gold_score_for(task), cfg.rollout.max_new_tokens,
