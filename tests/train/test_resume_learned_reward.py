@@ -39,6 +39,9 @@ def test_rl_against_a_learned_reward_resumes_bit_exactly(tiny_model_dir: Path, r
     full = tmp_path / "full"
     report = run(cfg, full)
     assert report["reward"] == str(reward_model_dir) and "gold_vs_sft" in report
+    # the KL reference is the model the run loaded: recorded by path, not copied
+    assert json.loads((full / "reference.json").read_text())["path"] == str(tiny_model_dir.resolve())
+    assert not (full / "reference").exists()
     # interrupt a copy after step 2: drop what the last two steps wrote, then resume from its run dir
     cut = tmp_path / "cut"
     shutil.copytree(full, cut)
@@ -62,3 +65,17 @@ def test_rl_against_a_learned_reward_resumes_bit_exactly(tiny_model_dir: Path, r
         for key in ("reward/mean", "reward/gold_mean", "reward/raw_mean", "loss/policy", "kl/mean", "grad_norm"):
             assert rl[step][key] == rl_resumed[step][key], (step, key)
     assert resumed["eval_after"] == report["eval_after"]
+
+
+def test_a_resume_whose_reference_model_is_gone_says_which(tiny_model_dir: Path, reward_model_dir: Path,
+                                                           tmp_path: Path):
+    import pytest
+
+    from feedbackrl.train.checkpoint import CheckpointError
+
+    cfg = config(tiny_model_dir, reward_model_dir, "grpo")
+    run_dir = tmp_path / "run"
+    run(cfg.model_copy(update={"algo": cfg.algo.model_copy(update={"steps": 2})}), run_dir)
+    (run_dir / "reference.json").write_text(json.dumps({"path": str(tmp_path / "moved")}))
+    with pytest.raises(CheckpointError, match="no longer exists"):
+        run(cfg, run_dir, resume=run_dir)

@@ -25,6 +25,7 @@ from feedbackrl.models.load import load_policy
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "run_config.json"  # not config.json: that name is the HF model config
 REFERENCE_DIR = "reference"  # OUT/reference/: the policy as it was when RL started (KL anchor)
+REFERENCE_POINTER = "reference.json"  # or a pointer to the model directory that holds those weights
 _STEP_DIR = re.compile(r"step_(\d+)$")
 
 
@@ -138,24 +139,42 @@ def load_extra(ckpt: Path, name: str) -> Any:
 
 
 def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
-                     resume_from: Path | None) -> PreTrainedModel:
-    """The reference is the policy as it was when RL started; saved once so a resume reloads it.
+                     resume_from: Path | None, source: str | Path | None = None) -> PreTrainedModel:
+    """The reference is the policy as it was when RL started, recorded once so a resume reloads it.
 
-    A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N -> RUN/reference), so
-    resuming into a new out dir never freezes the resumed policy instead.
+    When those weights already sit in a model directory (`source`: the SFT policy the run saved, the
+    model it loaded), OUT/reference.json points at it and nothing is copied; otherwise the reference is
+    saved to OUT/reference/. A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N
+    -> RUN), so resuming into a new out dir never freezes the resumed policy instead.
     """
-    path = out_dir / REFERENCE_DIR
-    saved = None if resume_from is None else Path(resume_from).parent.parent / REFERENCE_DIR
-    if saved is None:
-        ref = copy.deepcopy(model)
-    elif saved.is_dir():
-        ref = load_policy(str(saved)).to(model.device)
+    if resume_from is None:
+        ref, pointer = copy.deepcopy(model), Path(source).resolve() if source is not None else None
     else:
-        raise CheckpointError(f"cannot resume from {str(resume_from)!r} with algo.kl_coef > 0: its frozen reference "
-                              f"{str(saved)!r} is missing (was the run started with kl_coef = 0, or the checkpoint "
-                              "moved out of its run dir?)")
-    if saved is None or saved.resolve() != path.resolve():
-        ref.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        run_dir = Path(resume_from).parent.parent
+        ref, pointer = _saved_reference(run_dir, resume_from)
+        ref = ref.to(model.device)
+    same_dir = resume_from is not None and Path(resume_from).parent.parent.resolve() == Path(out_dir).resolve()
+    if not same_dir:
+        if pointer is not None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(out_dir) / REFERENCE_POINTER).write_text(json.dumps({"path": str(pointer)}) + "\n")
+        else:
+            ref.save_pretrained(Path(out_dir) / REFERENCE_DIR)
+            tokenizer.save_pretrained(Path(out_dir) / REFERENCE_DIR)
     ref.eval().requires_grad_(False)
     return ref
+
+
+def _saved_reference(run_dir: Path, resume_from: Path) -> tuple[PreTrainedModel, Path | None]:
+    """The frozen reference a run recorded: (the model, the directory it points at or None for a copy)."""
+    if (run_dir / REFERENCE_DIR).is_dir():
+        return load_policy(str(run_dir / REFERENCE_DIR)), None
+    if (run_dir / REFERENCE_POINTER).is_file():
+        pointer = Path(json.loads((run_dir / REFERENCE_POINTER).read_text())["path"])
+        if not pointer.is_dir():
+            raise CheckpointError(f"cannot resume from {str(resume_from)!r}: its frozen reference is the model in "
+                                  f"{str(pointer)!r} ({run_dir / REFERENCE_POINTER}), which no longer exists")
+        return load_policy(str(pointer)), pointer
+    raise CheckpointError(f"cannot resume from {str(resume_from)!r} with algo.kl_coef > 0: its frozen reference "
+                          f"({str(run_dir / REFERENCE_DIR)!r} or {REFERENCE_POINTER}) is missing (was the run started "
+                          "with kl_coef = 0, or the checkpoint moved out of its run dir?)")

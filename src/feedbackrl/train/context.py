@@ -34,6 +34,7 @@ class Run:
     scorer: Scorer  # the recipe's reward ([reward]; the task's verifier by default), with gold metrics if any
     resume_from: Path | None = None  # a checkpoint dir to continue from
     on_eval: Callable[[int], dict[str, Any]] | None = None  # held-out eval every `eval.every` steps
+    start_dir: Path | None = None  # a model directory holding the starting policy's weights (the KL reference)
 
 
 Algorithm = Callable[[Run], dict[str, Any]]

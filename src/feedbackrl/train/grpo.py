@@ -71,13 +71,14 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                on_eval: Callable[[int], dict[str, Any]] | None = None,
                scorer: Scorer | None = None, monitor: Monitor | None = None,
-               collector: Collector | None = None) -> dict[str, Any]:
+               collector: Collector | None = None, reference_source: Path | None = None) -> dict[str, Any]:
     """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
     Completions are scored by the task's verifier, or by `scorer` when given; batches come from
     `collector` when given, else from `make_collector` (this process unless `[scale]` asks for workers).
     `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
-    the KL coefficient.
+    the KL coefficient. `reference_source`: a model directory that already holds the starting weights
+    (recorded instead of a copy of the KL reference).
     """
     scorer = scorer or task_scorer(task)
     collector = collector or make_collector(cfg, model, tokenizer, task, scorer)
@@ -95,7 +96,9 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
     wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
     # LoRA: the reference is the base model with the adapters disabled, no second copy
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref and not is_lora(model) else None
+    ref = None
+    if wants_ref and not is_lora(model):
+        ref = frozen_reference(model, tokenizer, out_dir, resume_from, reference_source)
     precision = functools.partial(train_autocast, cfg.train.precision, model.device)
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
@@ -222,5 +225,6 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
 def run_grpo(run: Run) -> dict[str, Any]:
     """GRPO or RLOO as the run path calls it: the recipe's reward, resume and periodic eval included."""
     final = train_grpo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink,
-                       resume_from=run.resume_from, on_eval=run.on_eval, scorer=run.scorer)
+                       resume_from=run.resume_from, on_eval=run.on_eval, scorer=run.scorer,
+                       reference_source=run.start_dir)
     return {"steps": run.cfg.algo.steps, "final": final}

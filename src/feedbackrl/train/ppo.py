@@ -70,7 +70,8 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
 
 def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
               out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None, resume_from: Path | None = None,
-              on_eval: Callable[[int], dict[str, Any]] | None = None, monitor: Monitor | None = None) -> dict[str, Any]:
+              on_eval: Callable[[int], dict[str, Any]] | None = None, monitor: Monitor | None = None,
+              reference_source: Path | None = None) -> dict[str, Any]:
     """Run PPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
     `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
@@ -92,7 +93,7 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
     monitor = live_monitor(cfg, out_dir, monitor, task)
     kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
     wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from) if wants_ref else None
+    ref = frozen_reference(model, tokenizer, out_dir, resume_from, reference_source) if wants_ref else None
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
@@ -175,5 +176,5 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
 def run_ppo(run: Run) -> dict[str, Any]:
     """PPO as the run path calls it, against the recipe's reward."""
     final = train_ppo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink, run.scorer,
-                      resume_from=run.resume_from, on_eval=run.on_eval)
+                      resume_from=run.resume_from, on_eval=run.on_eval, reference_source=run.start_dir)
     return {"steps": run.cfg.algo.steps, "final": final}

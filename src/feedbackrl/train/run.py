@@ -38,7 +38,7 @@ from feedbackrl.envs.chat import chat_task
 from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
-from feedbackrl.models.load import load_policy, load_tokenizer
+from feedbackrl.models.load import ModelLoadError, load_policy, load_tokenizer, resolve_model_path
 from feedbackrl.models.policy import setup_policy
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.monitors.report import alerts_section
@@ -100,6 +100,20 @@ def load_or_build(cfg: RunConfig, out_dir: Path) -> tuple[PreTrainedModel, PreTr
     if path == "tiny":
         path = str(make_tiny(out_dir / "base_model", cfg.model.size, cfg.model.init_seed))
     return load_policy(path), load_tokenizer(path)
+
+
+def start_dir(cfg: RunConfig, out_dir: Path) -> Path | None:
+    """A model directory that holds the policy's weights as the algorithm starts (the KL reference), or None:
+    the SFT policy the run saved, the tiny model it built, or the local directory it loaded."""
+    if cfg.sft.steps and cfg.algo.name != "sft":
+        return out_dir / "sft_policy"
+    if cfg.model.path == "tiny":
+        return out_dir / "base_model"
+    try:
+        path = Path(resolve_model_path(cfg.model.path))
+    except ModelLoadError:
+        return None
+    return path if (path / "config.json").is_file() else None
 
 
 def make_sink(cfg: RunConfig, out_dir: Path) -> MetricsSink:
@@ -202,7 +216,9 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
 
         scorer = gold_scorer(reward, gold_score_for(task) if proxy else None)
         t_train = time.perf_counter()
-        report.update(entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, on_eval)))
+        start = None if ckpt is not None else start_dir(cfg, out_dir)
+        report.update(entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, on_eval,
+                                      start)))
         report["train_seconds"] = time.perf_counter() - t_train
         report["eval_before"], report["eval_after"] = before, None
         if entry.trains_policy:
