@@ -12,7 +12,8 @@ under train/ (pure losses in algos/), its config class in config.py, and one lin
 `OUT/` after a run: `config.json` (the resolved config), `metrics.jsonl` (one line per step),
 `eval_before.json`, `report.json`, `curves.png`; `base_model/` when the model was built locally;
 `sft_policy/` after an SFT warm start (reusable as `model.path`); and what the algorithm writes:
-`checkpoints/step_N/` and `reference/` (grpo, rloo, ppo; PPO's also hold its value head),
+`checkpoints/step_N/` (grpo, rloo, ppo; PPO's also hold its value head) and, with a KL term,
+`reference.json` (the model directory holding the starting weights) or `reference/` (a copy),
 `prefs/*.jsonl` (generated preference data), `reward_model/` (reward_model), `policy/` (dpo),
 `labels.db` (online_reward_model).
 """
