@@ -13,37 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULT_TAG, STEP_TAG, ensure_model, load_average, summarize
-
-HERE = Path(__file__).resolve().parent
-
-
-def worker(tree: Path, model: Path, length: int, steps: int, threads: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads),
-           "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, str(tree / "benchmarks" / "bench_grpo.py"), "feedbackrl", "--model",
-                             str(model), "--length", str(length), "--steps", str(steps), "--threads", str(threads)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
-
-
-def read(proc: subprocess.Popen, tag: str) -> dict:
-    for line in proc.stdout:
-        if line.startswith(tag):
-            return json.loads(line[len(tag):])
-    raise RuntimeError(f"worker exited ({proc.wait()}) before {tag.strip()}")
-
-
-def go(proc: subprocess.Popen, tag: str = STEP_TAG) -> dict:
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-    return read(proc, tag)
+from common import ensure_model, summarize
+from run import HERE, LockStepWorker, _stop, alternate
 
 
 def main() -> None:
@@ -59,22 +34,15 @@ def main() -> None:
     steps = args.warmup + args.timed
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         model = ensure_model(Path(tmp), args.model)
-        trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-        procs = {k: worker(t, model, args.length, steps, args.threads, Path(tmp) / f"{k}.log")
-                 for k, t in trees.items()}
-        stack.callback(lambda: [p.kill() for p in procs.values() if p.poll() is None])
-        for p in procs.values():
-            read(p, STEP_TAG)  # set-up, not timed
-        rows: dict[str, list[float]] = {k: [] for k in procs}
-        loads = []
-        for step in range(steps):
-            for k in (list(procs) if step % 2 == 0 else list(procs)[::-1]):
-                rows[k].append(go(procs[k])["step_s"])
-            loads.append(load_average()[0])
-        for p in procs.values():
-            go(p, RESULT_TAG)
-    med = {k: statistics.median(v[args.warmup:]) for k, v in rows.items()}
-    per_step = [b / a for b, a in zip(rows["before"][args.warmup:], rows["after"][args.warmup:], strict=True)]
+        workers = [LockStepWorker("feedbackrl", model, args.length, steps, args.threads,
+                                  stack.enter_context(open(Path(tmp) / f"{name}.log", "w")), tree=tree.resolve(),
+                                  name=name)
+                   for name, tree in (("before", args.before), ("after", args.after))]
+        stack.callback(_stop, workers)
+        out, loads = alternate(workers, steps)
+    step_s = {k: [r["step_s"] for r in v["steps"][args.warmup:]] for k, v in out.items()}
+    med = {k: statistics.median(v) for k, v in step_s.items()}
+    per_step = [b / a for b, a in zip(step_s["before"], step_s["after"], strict=True)]
     print(json.dumps({"model": args.model, "length": args.length, "threads": args.threads, "median_step_s": med,
                       "before_over_after": med["before"] / med["after"], "per_step_ratio": summarize(per_step),
                       "load_1min": summarize(loads)}, indent=2))

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULT_TAG, STEP_TAG, load_average, summarize
-from run import HERE, RESULTS, LockStepWorker, _stop, cpu_name, log, run_worker, versions
+from common import load_average, summarize
+from run import HERE, RESULTS, LockStepWorker, _stop, alternate, cpu_name, log, run_worker, versions
 
 
 def lockstep(model: Path, length: int, sides: list[tuple[str, str]], warmup: int, timed: int, threads: int,
@@ -34,15 +34,7 @@ def lockstep(model: Path, length: int, sides: list[tuple[str, str]], warmup: int
                                   stack.enter_context(open(logdir / f"{fw}_{prec}.log", "w")), prec)
                    for fw, prec in sides]
         stack.callback(_stop, workers)
-        for w in workers:
-            w.read(STEP_TAG)
-        rows: dict[str, list[dict[str, Any]]] = {w.name: [] for w in workers}
-        loads = [load_average()[0]]
-        for step in range(steps):
-            for w in workers[:: 1 if step % 2 == 0 else -1]:
-                rows[w.name].append(w.go())
-            loads.append(load_average()[0])
-        out = {w.name: {"steps": rows[w.name], **w.go(RESULT_TAG)} for w in workers}
+        out, loads = alternate(workers, steps)
     for res in out.values():
         res["step_s"] = summarize([r["step_s"] for r in res["steps"][warmup:]])
         res["peak_rss_mib"] = res["steps"][-1]["peak_rss_mib"]

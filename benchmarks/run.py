@@ -64,15 +64,24 @@ def run_worker(args: list[str], threads: int, logfile: IO[str]) -> dict[str, Any
 
 
 class LockStepWorker:
-    """A bench_grpo.py process driven one step at a time through its stdin/stdout."""
+    """A bench_grpo.py process driven one step at a time through its stdin/stdout.
+
+    `tree`: another checkout to run instead of this one (its own bench_grpo.py, its sources first on
+    PYTHONPATH), so two commits can be compared step by step (benchmarks/ab_commits.py).
+    """
 
     def __init__(self, framework: str, model: Path, length: int, steps: int, threads: int, logfile: IO[str],
-                 precision: str = "fp32"):
-        self.name = framework if precision == "fp32" else f"{framework}_{precision}"
+                 precision: str = "fp32", tree: Path | None = None, name: str | None = None):
+        self.name = name or (framework if precision == "fp32" else f"{framework}_{precision}")
+        script, env = HERE / "bench_grpo.py", worker_env(threads)
+        if tree is not None:
+            script, env = tree / "benchmarks" / "bench_grpo.py", {**env, "PYTHONPATH": str(tree / "src")}
+        # only a non-default precision is passed: older checkouts' bench_grpo.py has no --precision
+        extra = [] if precision == "fp32" else ["--precision", precision]
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "bench_grpo.py"), framework, "--model", str(model), "--length", str(length),
-             "--steps", str(steps), "--threads", str(threads), "--precision", precision],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logfile, text=True, env=worker_env(threads))
+            [sys.executable, str(script), framework, "--model", str(model), "--length", str(length),
+             "--steps", str(steps), "--threads", str(threads), *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logfile, text=True, env=env)
         self.logfile = logfile
 
     def read(self, tag: str) -> dict[str, Any]:
@@ -95,6 +104,20 @@ def _stop(workers: list[LockStepWorker]) -> None:
         w.proc.wait()
 
 
+def alternate(workers: list[LockStepWorker], steps: int) -> tuple[dict[str, dict[str, Any]], list[float]]:
+    """Set the workers up (not timed), then `steps` steps each, taking turns (who goes first alternates
+    too), so machine load hits every side alike. -> ({name: {"steps": rows, **final result}}, 1-min loads)."""
+    for w in workers:  # model loading and trainer set-up, not timed
+        w.read(STEP_TAG)
+    rows: dict[str, list[dict[str, Any]]] = {w.name: [] for w in workers}
+    loads = [load_average()[0]]
+    for step in range(steps):
+        for w in workers[:: 1 if step % 2 == 0 else -1]:
+            rows[w.name].append(w.go())
+        loads.append(load_average()[0])
+    return {w.name: {"steps": rows[w.name], **w.go(RESULT_TAG)} for w in workers}, loads
+
+
 def bench_grpo_pair(model: Path, length: int, warmup: int, timed: int, threads: int,
                     logdir: Path) -> dict[str, Any]:
     """Both frameworks, alternating step by step (who goes first alternates too)."""
@@ -103,15 +126,7 @@ def bench_grpo_pair(model: Path, length: int, warmup: int, timed: int, threads: 
         logs = [stack.enter_context(open(logdir / f"grpo_{model.name}_L{length}_{fw}.log", "w")) for fw in names]
         workers = [LockStepWorker(fw, model, length, steps, threads, f) for fw, f in zip(names, logs, strict=True)]
         stack.callback(_stop, workers)
-        for w in workers:  # model loading and trainer set-up, not timed
-            w.read(STEP_TAG)
-        rows: dict[str, list[dict[str, Any]]] = {w.name: [] for w in workers}
-        loads = [load_average()[0]]
-        for step in range(steps):
-            for w in workers[:: 1 if step % 2 == 0 else -1]:
-                rows[w.name].append(w.go())
-            loads.append(load_average()[0])
-        out = {w.name: {"steps": rows[w.name], **w.go(RESULT_TAG)} for w in workers}
+        out, loads = alternate(workers, steps)
     for res in out.values():
         timed_rows = res["steps"][warmup:]
         step_s = [r["step_s"] for r in timed_rows]
