@@ -34,7 +34,7 @@ from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, res
 from feedbackrl.train.collect import Collector, InProcessCollector, Scorer, minibatches, task_scorer
 from feedbackrl.train.context import Run
 from feedbackrl.train.episodes import write_transcripts
-from feedbackrl.train.monitoring import live_monitor, roll_back
+from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 # the algorithm's name picks its advantage function (GRPO: group-normalised; RLOO: leave-one-out)
@@ -195,12 +195,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             metrics = {"phase": "rl", **batch.metrics, **{k: sum(v) / len(v) for k, v in stats.items()},
                        "perf/step_s": dt, "perf/tokens_per_s": float(batch.completion_mask.sum()) / dt}
             done = step + 1
-            if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
-                metrics.update(on_eval(done))
-            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
-            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
-            if decision is not None:
-                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
+            # 6. periodic eval and the monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = after_step(cfg, done, batch, metrics, monitor, on_eval, kl_coef)
             sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
             # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)

@@ -6,6 +6,7 @@ helpers keep the loops' own edits to a few lines.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from feedbackrl.config import RunConfig
 from feedbackrl.data.labeller import gold_score_for
 from feedbackrl.envs.base import Task
 from feedbackrl.models.load import load_policy
-from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.monitors.monitor import Decision, Monitor
 from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
 
 
@@ -30,6 +31,18 @@ def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None, task: T
     if not cfg.monitors.enabled:
         return None
     return Monitor(cfg.monitors, out_dir, gold_score_for(task) if cfg.monitors.gold_every else None)
+
+
+def after_step(cfg: RunConfig, done: int, batch: Any, metrics: dict[str, Any], monitor: Monitor | None,
+               on_eval: Callable[[int], dict[str, Any]] | None, kl_coef: float) -> Decision | None:
+    """What every on-policy loop does once a step's metrics are in: the periodic held-out eval, then the
+    monitors; both add to `metrics`. -> the monitors' decision (None when they are off)."""
+    if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.algo.steps:
+        metrics.update(on_eval(done))
+    decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
+    if decision is not None:
+        metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
+    return decision
 
 
 def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> tuple[int, Path]:

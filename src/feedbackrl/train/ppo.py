@@ -33,7 +33,7 @@ from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
 from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
 from feedbackrl.train.context import Run
-from feedbackrl.train.monitoring import live_monitor, roll_back
+from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -146,12 +146,8 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
                        **{k: sum(v) / len(v) for k, v in stats.items()},
                        "perf/step_s": dt, "perf/tokens_per_s": gen_tokens / dt}
             done = step + 1
-            if on_eval is not None and cfg.eval.every and done % cfg.eval.every == 0 and done < a.steps:
-                metrics.update(on_eval(done))
-            # 6. monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
-            decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
-            if decision is not None:
-                metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
+            # 6. periodic eval and the monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
+            decision = after_step(cfg, done, batch, metrics, monitor, on_eval, kl_coef)
             sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
             # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
