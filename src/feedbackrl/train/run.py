@@ -215,7 +215,8 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
             r = run_eval(model, tokenizer, task, cfg)
             return {k: v for k, v in _eval_metrics(r.to_dict(), r.k).items() if k != "phase"}
 
-        scorer = gold_scorer(reward, gold_score_for(task) if proxy else None)
+        gold = gold_score_for(task) if proxy else None  # the hidden score a proxy-trained policy is judged by
+        scorer = gold_scorer(reward, gold)
         t_train = time.perf_counter()
         start = None if ckpt is not None else start_dir(cfg, out_dir)
         report.update(entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, on_eval,
@@ -233,10 +234,9 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
             baseline = None
             report["no_gold"] = (f"trained on preferences from {report['prefs']['source']} that carry no gold score: "
                                  "no gold comparison with the starting policy; judge it on your own held-out data")
-        if baseline is not None:
+        if baseline is not None and gold is not None:
             report["gold_vs_sft"] = gold_comparison(model, baseline, tokenizer, task.heldout(cfg.task.heldout_size),
-                                                    gold_score_for(task), cfg.rollout.max_new_tokens,
-                                                    cfg.rollout.temperature)
+                                                    gold, cfg.rollout.max_new_tokens, cfg.rollout.temperature)
         report["alerts"] = alerts_section(out_dir)  # the monitors' alerts (none when they are off)
     finally:
         sink.close()
