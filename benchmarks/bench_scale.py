@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,8 @@ def rl_run(work: Path, overrides: list[str], name: str, seed: int, tag: str = ""
     return model, tok, sink, cfg, wall
 
 
-def demo(steps: int, sft_steps: int, heldout: int, seeds: list[int], modes: str) -> list[dict[str, Any]]:
+def demo(steps: int, sft_steps: int, heldout: int, seeds: list[int], modes: str,
+         save: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp())
     overrides = [f"algo.steps={steps}", f"sft.steps={sft_steps}", f"task.heldout_size={heldout}"]
     base, acc = warm_start(work, overrides)
@@ -119,10 +121,12 @@ def demo(steps: int, sft_steps: int, heldout: int, seeds: list[int], modes: str)
                          "load_1min": [load0, load_average()[0]]})
             print(json.dumps(rows[-1]), flush=True)
             rows[-1]["trace"] = {k: [r.get(k) for r in by_step] for k in TRACE if k in last}
+            save(rows)  # what has run so far survives a later run's failure
     return rows
 
 
-def throughput(steps: int, rounds: int, modes: str) -> list[dict[str, Any]]:
+def throughput(steps: int, rounds: int, modes: str,
+               save: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
     """samples/s of each mode, the modes alternating round by round in this one process (see the module doc)."""
     if steps <= WARMUP_STEPS:
         raise SystemExit(f"--steps must be > {WARMUP_STEPS} (the first {WARMUP_STEPS} are not timed)")
@@ -139,6 +143,7 @@ def throughput(steps: int, rounds: int, modes: str) -> list[dict[str, Any]]:
                          "median_step_s": statistics.median(timed), "rl_s": wall,
                          "load_1min": [load0, load_average()[0]]})
             print(json.dumps(rows[-1]), flush=True)
+            save(rows)
     return rows
 
 
@@ -200,15 +205,19 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}
+    out = ROOT / "benchmarks" / "results" / (args.out or f"scale_{args.what}.json")
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        out.write_text(json.dumps({**result, "rows": rows}, indent=2))
+
     if args.what == "demo":
-        result["rows"] = demo(args.steps, args.sft_steps, args.heldout, seeds, args.modes)
+        result["rows"] = demo(args.steps, args.sft_steps, args.heldout, seeds, args.modes, save)
     elif args.what == "throughput":
-        result["rows"] = throughput(args.steps, args.rounds, args.modes)
+        result["rows"] = throughput(args.steps, args.rounds, args.modes, save)
         result["summary"] = throughput_summary(result["rows"])
         print(json.dumps(result["summary"]), flush=True)
     else:
         result["rows"] = verdicts(args.n)
-    out = ROOT / "benchmarks" / "results" / (args.out or f"scale_{args.what}.json")
     out.write_text(json.dumps(result, indent=2))
 
 
