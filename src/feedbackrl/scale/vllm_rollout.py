@@ -155,7 +155,8 @@ class VllmEngine:
     """An in-process `vllm.LLM` holding the policy's weights, sampling with the recipe's [rollout] settings."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
-                 seed: int) -> None:
+                 seed: int, **llm_args: Any) -> None:
+        """`llm_args` go to `vllm.LLM` as they are (the GPU tests pass `enforce_eager=True` to start faster)."""
         # the engine core in this process: `apply_model` then passes tensors by reference (read when the LLM starts)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.vllm = _vllm()
@@ -168,7 +169,7 @@ class VllmEngine:
         self.llm = self.vllm.LLM(
             model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
             gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
-            generation_config="vllm")  # "vllm": no sampling defaults read from a generation_config.json
+            generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
         self.load(model)
 
     def load(self, model: PreTrainedModel) -> None:
