@@ -166,15 +166,29 @@ class VllmEngine:
         tokenizer.save_pretrained(self.dir.name)
         self.cfg, self.mode = cfg, logprobs_mode(cfg.temperature, cfg.top_p, cfg.min_new_tokens)
         self.end_ids = end_token_ids(base, tokenizer).tolist()
+        # the learner's float32 numerics must not depend on the backend: keep its matmul precision whatever
+        # vLLM's start-up sets for itself
+        precision, tf32 = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
         self.llm = self.vllm.LLM(
             model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
             gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
             generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
         self.load(model)
 
     def load(self, model: PreTrainedModel) -> None:
+        """The policy's weights into vLLM's model; an error if any of vLLM's parameters got none of them."""
         weights = list(merged_weights(model))
-        self.llm.apply_model(lambda m: m.load_weights(weights))
+
+        def load_into(m: torch.nn.Module) -> list[str]:
+            loaded = m.load_weights(weights)  # the names of vLLM's parameters it filled (None in older models)
+            return [] if loaded is None else sorted({n for n, _ in m.named_parameters()} - set(loaded))
+
+        missed = self.llm.apply_model(load_into)[0]
+        if missed:  # it would sample with (partly) random weights
+            raise RuntimeError(f"vLLM's {type(model).__name__} has {len(missed)} parameters the policy's weights "
+                               f"did not fill, e.g. {missed[:3]}: the checkpoint names do not map onto it")
         self.llm.reset_prefix_cache()
 
     def generate(self, prompts: list[list[int]], seeds: list[int]) -> Sequence[Any]:
