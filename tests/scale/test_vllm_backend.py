@@ -269,3 +269,77 @@ def test_the_engine_gets_the_weights_after_every_update(tokenizer, tmp_path):
 def test_where_vllm_cannot_report_ours_the_learner_computes_them(tokenizer, tmp_path):
     steps, _ = grpo_with_engine(tokenizer, tmp_path, temperature=0.7, top_p=0.9)
     assert [abs(r["is_weight/mean"] - 1) < 1e-4 for r in steps] == [True] * 3, [r["is_weight/mean"] for r in steps]
+
+
+# --- the engine's calls into vLLM, against a stand-in module ---------------------------------------------------------
+
+class FakeVllmModel(torch.nn.Module):
+    """vLLM's side of `load_weights`: fused q/k/v named as vLLM does; returns the names it filled."""
+
+    def __init__(self, skip: str = "") -> None:
+        super().__init__()
+        self.qkv_proj = torch.nn.Linear(2, 6, bias=False)
+        self.received: list[str] = []
+        self.skip = skip
+
+    def load_weights(self, weights):
+        self.received = [n for n, _ in weights]
+        return {"qkv_proj.weight"} if "q_proj" not in self.skip else set()
+
+
+def fake_vllm(model: FakeVllmModel) -> SimpleNamespace:
+    calls: dict = {"llm": None, "generate": []}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            calls["llm"] = kwargs
+            self.resets = 0
+
+        def apply_model(self, fn):
+            return [fn(model)]
+
+        def reset_prefix_cache(self):
+            calls["resets"] = calls.get("resets", 0) + 1
+
+        def generate(self, prompts, params, use_tqdm=True):
+            calls["generate"].append((prompts, params, use_tqdm))
+            return []
+
+    return SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw, calls=calls)
+
+
+@pytest.mark.parametrize(("rollout", "mode", "logprobs"), [
+    ({"min_new_tokens": 1}, "raw_logprobs", 0), ({"temperature": 0.7}, "processed_logprobs", 0),
+    ({"temperature": 0.7, "top_p": 0.9}, "raw_logprobs", None),  # none matches: none asked for
+])
+def test_the_engine_starts_vllm_from_the_policy_and_samples_with_the_recipe(monkeypatch, tokenizer, rollout, mode,
+                                                                            logprobs):
+    target = FakeVllmModel()
+    fake = fake_vllm(target)
+    monkeypatch.setattr(vllm_rollout, "_vllm", lambda: fake)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    policy = build_model(tokenizer, "tiny", seed=0)
+    cfg = RolloutConfig(max_new_tokens=6, vllm_memory=0.25, **rollout)
+    engine = vllm_rollout.VllmEngine(policy, tokenizer, cfg, seed=7)
+    llm = fake.calls["llm"]
+    assert (llm["dtype"], llm["load_format"], llm["logprobs_mode"], llm["gpu_memory_utilization"], llm["seed"]) == (
+        "float32", "dummy", mode, 0.25, 7)
+    assert (Path(llm["model"]) / "config.json").is_file() and (Path(llm["model"]) / "tokenizer.json").is_file()
+    assert vllm_rollout.os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert target.received == list(policy.state_dict()) and fake.calls["resets"] == 1  # weights in, cache reset
+    engine.generate([[5, 6], [7]], [11, 12])
+    prompts, params, tqdm = fake.calls["generate"][0]
+    assert prompts == [{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [7]}] and tqdm is False
+    assert [p["seed"] for p in params] == [11, 12]
+    p = params[0]
+    assert (p["n"], p["temperature"], p["top_p"], p["max_tokens"], p["min_tokens"], p["logprobs"],
+            p["stop_token_ids"], p["detokenize"]) == (1, cfg.temperature, cfg.top_p, 6, cfg.min_new_tokens, logprobs,
+                                                      [2], False)
+    engine.dir.cleanup()
+
+
+def test_weights_that_leave_a_vllm_parameter_unfilled_are_an_error(monkeypatch, tokenizer):
+    monkeypatch.setattr(vllm_rollout, "_vllm", lambda: fake_vllm(FakeVllmModel(skip="q_proj")))
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    with pytest.raises(RuntimeError, match=r"1 parameters the policy's weights did not fill, e\.g\. \['qkv_proj"):
+        vllm_rollout.VllmEngine(build_model(tokenizer, "tiny", seed=0), tokenizer, RolloutConfig(), seed=0)
