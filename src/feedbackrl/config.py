@@ -330,9 +330,10 @@ class RunConfig(Section):
         if self.rollout.backend == "vllm" and a.name not in ("grpo", "rloo"):
             raise ValueError(f"rollout.backend = 'vllm' samples the rollouts of grpo and rloo so far, not "
                              f"algo.name = {a.name!r}; use rollout.backend = 'native'")
-        if self.rollout.backend == "vllm" and self.scale.rollout_workers:
-            raise ValueError(f"rollout.backend = 'vllm' generates in the learner's process so far: set "
-                             f"scale.rollout_workers = 0 (got {self.scale.rollout_workers})")
+        if self.rollout.backend == "vllm" and self.scale.uses_ray:
+            raise ValueError(f"rollout.backend = 'vllm' runs without Ray workers so far: set scale.rollout_workers = 0 "
+                             f"and scale.reward_workers = 0 (got {self.scale.rollout_workers} and "
+                             f"{self.scale.reward_workers})")
         if a.name == "grpo" and a.scale_advantages and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 for group-normalised advantages")
         if a.name == "rloo" and self.rollout.group_size < 2:

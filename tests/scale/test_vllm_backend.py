@@ -59,8 +59,9 @@ def test_the_backend_is_native_unless_asked_and_a_typo_names_the_choices():
 @pytest.mark.parametrize(("extra", "message"), [
     ({"algo": {"name": "ppo"}}, r"grpo and rloo so far, not algo\.name = 'ppo'; use rollout\.backend = 'native'"),
     ({"algo": {"name": "dpo"}}, r"not algo\.name = 'dpo'"),
-    ({"scale": {"rollout_workers": 2}}, r"set scale\.rollout_workers = 0 \(got 2\)"),
-], ids=["ppo", "dpo", "ray-workers"])
+    ({"scale": {"rollout_workers": 2}}, r"set scale\.rollout_workers = 0 and scale\.reward_workers = 0 \(got 2 and 0"),
+    ({"scale": {"reward_workers": 3}}, r"\(got 0 and 3\)"),
+], ids=["ppo", "dpo", "rollout-workers", "reward-workers"])
 def test_vllm_is_refused_where_it_is_not_wired(extra, message):
     with pytest.raises(ConfigError, match=message):
         build_config({"rollout": {"backend": "vllm"}, **extra})

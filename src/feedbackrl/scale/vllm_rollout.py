@@ -24,8 +24,8 @@ it, and all of feedbackrl, needs no vLLM. docs/scale.md says what has been run w
   Yao et al. 2025), the correction for a sampler and a learner that compute slightly different
   probabilities; `is_weight/mean` logs it (1 when they agree).
 
-Not wired: Ray rollout workers (one vLLM engine per worker GPU), multi-turn episodes, PPO, and the held-out
-evaluation, which still samples with the native decoder.
+Not wired: Ray rollout workers (one vLLM engine per worker GPU) and reward workers, multi-turn episodes, PPO,
+and the held-out evaluation, which still samples with the native decoder.
 """
 
 from __future__ import annotations
