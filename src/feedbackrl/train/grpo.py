@@ -49,7 +49,12 @@ def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimi
 
 def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                    scorer: Scorer) -> Collector:
-    """This process's collect step, or Ray workers' when the recipe's `[scale]` section asks for them."""
+    """This process's collect step, vLLM's (`rollout.backend = "vllm"`), or Ray workers' when the recipe's
+    `[scale]` section asks for them."""
+    if cfg.rollout.backend == "vllm":
+        from feedbackrl.scale.vllm_rollout import vllm_collector  # vLLM is an optional extra: imported only when used
+
+        return vllm_collector(cfg, model, tokenizer, task, scorer)
     if not cfg.scale.uses_ray:
         return InProcessCollector(model, tokenizer, task, scorer, cfg.rollout)
     from feedbackrl.scale.collectors import ray_collector  # Ray is an optional extra: imported only when used

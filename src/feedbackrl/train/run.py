@@ -159,6 +159,10 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
     """Everything that can fail before any work: the algorithm, the device, the checkpoint to resume."""
     entry = ALGORITHMS[cfg.algo.name]
     device = resolve_device(cfg.train.device)
+    if cfg.rollout.backend == "vllm":  # installed, and a GPU to run on: checked before any work
+        from feedbackrl.scale.vllm_rollout import check_vllm
+
+        check_vllm(device)
     if device.type != "cpu" and not entry.off_cpu:
         on = [name for name, e in ALGORITHMS.items() if e.off_cpu]
         raise ConfigError(f"train.device = {cfg.train.device!r}: algo.name = {cfg.algo.name!r} runs on the CPU only "
