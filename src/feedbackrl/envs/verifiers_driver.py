@@ -7,16 +7,18 @@ from feedbackrl; `envs/verifiers_env.py` starts it as a subprocess). One JSON re
 one JSON answer on stdout (logs go to stderr):
 
 - ``{"command": "list", "env": ID, "taskset": {...}}``: the taskset's tasks, in order:
-  ``{"tasks": [{"idx": i, "prompt": "...", "system_prompt": ..., "answer": ...}, ...]}`` (`answer`: the
-  task data's `answer` field when it is a string, else null).
+  ``{"tasks": [{"idx": i, "prompt": "...", "system_prompt": ..., "answer": ...}, ...]}``
+  (`answer`: the task data's `answer` field when it is a string, else null).
 - ``{"command": "run", "env": ID, "taskset": {...}, "harness": "null", "tasks": [i, ...],
   "base_url": URL, "model": NAME, "tokenizer": DIR, "sampling": {...}, "max_turns": N,
-  "max_concurrent": N, "client": "train"}``: one episode per entry of `tasks` (repeat an index for
-  a group), played by the environment's own machinery (its harness program in the local subprocess
-  runtime, its interception server, its rewards) against the policy at `base_url`. With the
-  training client (`"client": "train"`) verifiers renders prompts with the tokenizer in `DIR`
-  and calls ``POST {base_url}/inference/v1/generate`` (token ids in, token ids and log-probs out);
-  with ``"eval"`` it streams ``POST {base_url}/v1/chat/completions``. Answer:
+  "max_concurrent": N, "client": "train", "renderer": {...}}``: one episode per entry of `tasks`
+  (repeat an index for a group), played by the environment's own machinery (its harness program in
+  the local subprocess runtime, its interception server, its rewards) against the policy at
+  `base_url`. With the training client (`"client": "train"`) verifiers renders prompts with the
+  tokenizer in `DIR` (its `renderers` config `renderer`, default ``{"name": "default"}``: the
+  tokenizer's own chat template, no tool-call parser) and calls
+  ``POST {base_url}/inference/v1/generate`` (token ids in, token ids and log-probs out); with
+  ``"eval"`` it streams ``POST {base_url}/v1/chat/completions``. Answer:
   ``{"episodes": [{"idx", "ok", "errors", "reward", "rewards", "token_ids", "sampled_mask",
   "logprobs", "messages", "stop_condition", "is_truncated", "branches"}, ...]}``, in the order of
   `tasks`. `token_ids`, `sampled_mask` and `logprobs` are the trace's first branch (what verifiers
@@ -80,7 +82,8 @@ async def run(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("client", "train") == "train":
         # the renderer loads the tokenizer from `tokenizer`; generate posts to {base_url}/../inference/v1/generate
         client: Any = TrainClientConfig(base_url=f"{base}/v1", api_key_var="FEEDBACKRL_LOCAL_KEY",
-                                        renderer={"name": "default"}, renderer_model_name=req["tokenizer"])
+                                        renderer=req.get("renderer") or {"name": "default"},
+                                        renderer_model_name=req["tokenizer"])
     else:
         client = EvalClientConfig(base_url=f"{base}/v1", api_key_var="FEEDBACKRL_LOCAL_KEY")
     ctx = ModelContext(model=req.get("model", "policy"), client=client,

@@ -60,6 +60,9 @@ class VerifiersTask(ExternalTask):
     taskset: dict[str, Any] = field(default_factory=dict)  # the taskset's config fields
     harness: str = "null"  # the agent's harness id ("null": a plain chat loop; "bash" runs shell commands)
     max_turns: int = 0  # model turns per episode (0: the environment's own stop conditions)
+    # verifiers' renderer (a `renderers` config): "default" renders with the tokenizer's chat template and
+    # parses no tool calls; a model verifiers knows takes its own (e.g. {name = "qwen3"}) to parse them
+    renderer: dict[str, Any] = field(default_factory=lambda: {"name": "default"})
     heldout_tasks: int = 0  # the taskset's last `heldout_tasks` tasks are held out
     pass_threshold: float = 1.0  # an episode passes when its reward reaches this
     max_concurrent: int = 4  # episodes in flight at once
@@ -146,7 +149,7 @@ class VerifiersTask(ExternalTask):
         out = self._call({"command": "run", "harness": self.harness, "max_turns": self.max_turns,
                           "tasks": [p.meta["idx"] for p in problems], "base_url": endpoint, "model": "policy",
                           "tokenizer": tokenizer_dir, "sampling": sampling, "max_concurrent": self.max_concurrent,
-                          "client": "train"})
+                          "client": "train", "renderer": self.renderer})
         return [self._episode(p, e) for p, e in zip(problems, out["episodes"], strict=True)]
 
     def _episode(self, problem: Problem, e: dict[str, Any]) -> ExternalEpisode:
