@@ -109,3 +109,13 @@ def test_minimal_template_renders_what_the_endpoint_renders(tokenizer) -> None:
         assert tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == expected
     finally:
         tokenizer.chat_template = None  # the session's tokenizer keeps no template
+
+
+def test_a_relative_interpreter_becomes_absolute_without_leaving_its_virtualenv(tmp_path, monkeypatch) -> None:
+    base = tmp_path / "base-python"
+    base.write_text("")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(base)  # a virtualenv's python links to the base one
+    monkeypatch.chdir(tmp_path)
+    task = VerifiersTask(env="tiny_reverse", python="venv/bin/python")
+    assert task._python() == str(tmp_path / "venv" / "bin" / "python")

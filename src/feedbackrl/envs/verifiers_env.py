@@ -79,7 +79,9 @@ class VerifiersTask(ExternalTask):
     # -- the driver -----------------------------------------------------------------------------
 
     def _python(self) -> str:
-        exe = Path(self.python).expanduser()
+        # absolute, so the bin directory added to PATH holds from the harness's own working directory;
+        # not resolved: a virtualenv's python is a link whose target is the base interpreter
+        exe = Path(os.path.abspath(Path(self.python).expanduser()))
         if not exe.is_file():
             raise VerifiersError(
                 f"verifiers: no interpreter at {self.python!r}; make the verifiers virtualenv "
@@ -90,7 +92,8 @@ class VerifiersTask(ExternalTask):
         req = {"env": self.env, "taskset": self.taskset, "path": [str(Path(p).resolve()) for p in self.path],
                **request}
         exe = self._python()
-        # the harness program is a uv script: uv (installed in the same virtualenv) must be on PATH
+        # the harness program is a uv script: uv (installed in the same virtualenv) must be on PATH, else
+        # verifiers falls back to `pip install --user uv`
         env = {**os.environ, "PATH": f"{Path(exe).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         try:
             proc = subprocess.run([exe, str(DRIVER)], input=json.dumps(req), capture_output=True, text=True,
