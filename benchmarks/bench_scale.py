@@ -148,17 +148,21 @@ def throughput(steps: int, rounds: int, modes: str,
 
 
 def throughput_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per mode: median samples/s over rounds; and per round, each mode's samples/s over the first mode's."""
+    """Per mode: median samples/s over rounds; per pair of modes, B's samples/s over A's in each round and its
+    median (a ratio within one round is what the alternation protects from the machine's load)."""
     names = list(dict.fromkeys(r["mode"] for r in rows))
     by_round: dict[int, dict[str, float]] = {}
     for r in rows:
         by_round.setdefault(r["round"], {})[r["mode"]] = r["samples_per_s"]
-    ratios = {name: [by_round[k][name] / by_round[k][names[0]] for k in sorted(by_round) if len(by_round[k]) ==
-                     len(names)] for name in names[1:]}
+    ratios = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            per_round = [by_round[k][b] / by_round[k][a] for k in sorted(by_round) if {a, b} <= by_round[k].keys()]
+            if per_round:
+                ratios[f"{b} / {a}"] = {"per_round": per_round, "median": statistics.median(per_round)}
     return {"median_samples_per_s": {n: statistics.median(r["samples_per_s"] for r in rows if r["mode"] == n)
                                      for n in names},
-            f"ratio_to_{names[0]}": {n: {"per_round": v, "median": statistics.median(v)} for n, v in ratios.items()
-                                     if v},
+            "ratios": ratios,
             "load_1min": [min(x for r in rows for x in r["load_1min"]), max(x for r in rows for x in r["load_1min"])]}
 
 
