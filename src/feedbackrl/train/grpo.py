@@ -174,7 +174,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                             pg, pg_stats = decoupled_pg_loss(logprobs, old, behaviour[sub], advantages[sub],
                                                              mask[sub], a.clip_low, a.clip_high,
                                                              cfg.scale.importance_cap)
-                            stats.setdefault("is_weight/mean", []).append(pg_stats["is_weight/mean"].item())
+                            for k in ("is_weight/mean", "is_weight/truncated_frac"):
+                                stats.setdefault(k, []).append(pg_stats[k].item())
                         per_token = pg
                         kl = torch.zeros_like(pg)
                         if ref_lp is not None:
