@@ -17,7 +17,6 @@ from feedbackrl.envs.turn_format import MinimalFormat
 from feedbackrl.models.tiny import build_tokenizer
 from feedbackrl.rewards.verdict import Verdict, fail
 
-
 MINIMAL = MinimalFormat(build_tokenizer(), lambda messages: "")
 
 
