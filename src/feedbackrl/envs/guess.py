@@ -77,6 +77,7 @@ class GuessNumberTask(EpisodicTask):
     turn_penalty: float = 0.0
     tool_call_penalty: float = 0.0
     turn_credit: float = 0.0
+    turn_format: str = "auto"
     name: str = "guess_number"
     limits: EpisodeLimits = field(init=False)
 
