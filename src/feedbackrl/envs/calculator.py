@@ -39,6 +39,7 @@ from feedbackrl.envs.multi_turn import (
     render_plain,
     sample_heldout,
 )
+from feedbackrl.envs.procedural.addition import is_heldout_pair
 from feedbackrl.envs.tools import Toolbox, ToolSpec, calculator
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
@@ -47,7 +48,7 @@ CALC = ToolSpec("calc", "Integer arithmetic: + - * // % ** and parentheses.", "e
 
 
 def _is_heldout(p: Problem) -> bool:
-    return (p.meta["a"] * 7919 + p.meta["b"] * 104729 + 13) % 10 == 0
+    return is_heldout_pair(p.meta["a"], p.meta["b"])
 
 
 def judge_answer(problem: Problem, answer: str) -> Verdict:
