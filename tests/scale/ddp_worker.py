@@ -1,7 +1,8 @@
 """One rank of the DDP equality test (tests/scale/test_ddp.py); run as
 `torchrun --nproc_per_node 2 tests/scale/ddp_worker.py MODEL_DIR OUT_DIR [local]` or with plain python (1 rank).
 
-Trains `STEPS` AdamW steps of the GRPO policy loss on a fixed global batch; each rank takes its rows.
+Trains `STEPS` AdamW steps of the GRPO policy loss on a fixed global batch, which every rank holds (as the
+loop's ranks do); each rank takes its rows and normalises by the whole batch's token count.
 Rank 0 saves the first step's gradients and the final parameters to OUT_DIR/world{W}.pt.
 """
 
@@ -16,7 +17,8 @@ from feedbackrl.algos.aggregate import token_mean
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
-from feedbackrl.scale.ddp import allreduce_gradients, global_normalisers, init_from_env, rank_rows
+from feedbackrl.scale.ddp import TorchrunRanks, launched_by_torchrun
+from feedbackrl.train.context import OneProcess, Ranks
 from feedbackrl.train.optim import adamw
 
 N, P, T, STEPS = 8, 3, 5, 3
@@ -36,28 +38,30 @@ def global_batch(vocab: int) -> tuple[Tensor, ...]:
 def main() -> None:
     model_dir, out_dir = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
-    rank, world = init_from_env()
+    ranks: Ranks = TorchrunRanks.join(torch.device("cpu"))[0] if launched_by_torchrun() else OneProcess()
     model = load_policy(model_dir)
     optimizer = adamw(model.parameters(), lr=1e-2, weight_decay=0.0)
     *tensors, advantages = global_batch(model.config.vocab_size)
-    rows = rank_rows(N, rank, world)
+    rows = ranks.share(N)
     mine = [t[rows] for t in tensors]
     mask = mine[3].float()
     # argv[3] == 'local': each rank normalises by its own tokens (the mistake the test must catch)
-    norm = {} if sys.argv[3:] == ['local'] else global_normalisers(mask, T)
+    norm = {} if sys.argv[3:] == ['local'] else {"num_tokens": float(tensors[3].sum()), "num_sequences": float(N),
+                                                 "max_len": T}
     first_grads = None
     for _ in range(STEPS):
         logprobs, _ = sequence_logprobs(model, *mine)
         pg, _ = clipped_pg_loss(logprobs, logprobs.detach(), advantages[rows], mask)
         token_mean(pg, mask, **norm).backward()
-        allreduce_gradients(list(model.parameters()))
+        ranks.sum_gradients(list(model.parameters()))
         if first_grads is None:
             first_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    if rank == 0:
+    if ranks.main:
         torch.save({"grads": first_grads, "params": {k: v.clone() for k, v in model.state_dict().items()}},
-                   f"{out_dir}/world{world}{''.join(sys.argv[3:])}.pt")
+                   f"{out_dir}/world{ranks.world}{''.join(sys.argv[3:])}.pt")
+    ranks.close()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # each test launches torchrun (~20 s on 2 cores)
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
