@@ -59,6 +59,12 @@ def main() -> None:
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        # FSDP2 averages the ranks' gradients; the normalisers are already global, so the sum is wanted. A
+        # divide factor of 1 alone reduces with PREMUL_SUM, which gloo refuses: force a plain SUM. Per module:
+        # each fully_shard'ed module reduces its own parameters
+        for m in [*model.model.layers, model]:
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
     optimizer = adamw(model.parameters(), lr=1e-2, weight_decay=0.0)
     *tensors, advantages = global_batch(model.config.vocab_size)
     rows = ranks.share(N)
@@ -71,10 +77,7 @@ def main() -> None:
     for _ in range(STEPS):
         logprobs, _ = sequence_logprobs(model, *mine)
         pg, _ = clipped_pg_loss(logprobs, logprobs.detach(), advantages[rows], mask)
-        # FSDP2 averages the ranks' gradients; the normalisers are already global, so the sum is wanted. Its
-        # divide factor of 1 (`set_gradient_divide_factor`) is a PREMUL_SUM reduction, which gloo refuses
-        scale = ranks.world if fsdp else 1
-        (token_mean(pg, mask, **norm) * scale).backward()
+        token_mean(pg, mask, **norm).backward()
         if not fsdp:
             ranks.sum_gradients(list(model.parameters()))
         if first_grads is None:
