@@ -56,7 +56,7 @@ def test_two_ranks_train_as_one_process_and_resume(tmp_path):
     # one process whose micro-batches are the ranks' shares: the same sums in the same order as 2 ranks
     train(tmp_path / "micro", 1, "--set", "train.micro_batch_size=4")
     log = train(tmp_path / "two", 2)
-    assert "data-parallel learner: 2 ranks (gloo), 1 thread(s) each" in log
+    assert "data-parallel learner: 2 ranks (gloo), 2 on this node with 1 thread(s) each" in log
     one, micro, two = (rl_rows(tmp_path / d) for d in ("one", "micro", "two"))
     assert sorted(two) == [1, 2, 3, 4]
     assert json.loads((tmp_path / "two" / "report.json").read_text())["data_parallel_ranks"] == 2

@@ -30,6 +30,7 @@ class Ranks(Protocol):
     rank: int
     world: int
     local_world: int  # processes on this node, sharing its cores
+    backend: str  # torch.distributed's: "gloo", "nccl"; "" in one process
 
     @property
     def main(self) -> bool: ...  # rank 0: the one that writes metrics, checkpoints and the report
@@ -61,6 +62,7 @@ class OneProcess:
     rank: int = 0
     world: int = 1
     local_world: int = 1
+    backend: str = ""
     main: bool = True
 
     def share(self, n: int) -> slice:

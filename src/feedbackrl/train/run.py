@@ -9,6 +9,10 @@ Every algorithm gets the same `Run` (`train/context.py`): the policy on its devi
 metrics sink and the recipe's reward as one `Scorer`. Adding an algorithm is its loop in one file
 under train/ (pure losses in algos/), its config class in config.py, and one line here.
 
+Under `torchrun` (WORLD_SIZE > 1) every rank runs this path as one rank of a data-parallel learner
+(`scale/ddp.py`, for the algorithms marked `data_parallel`): rank 0 evaluates and writes everything
+below, the other ranks build the same policy and train in step with it.
+
 `OUT/` after a run: `config.json` (the resolved config), `metrics.jsonl` (one line per step),
 `eval_before.json`, `report.json`, `curves.png`; `base_model/` when the model was built locally;
 `sft_policy/` after an SFT warm start (reusable as `model.path`); and what the algorithm writes:
@@ -161,8 +165,8 @@ def start_run(cfg: RunConfig, out_dir: str | Path, ranks: Ranks | None = None) -
     console.quiet = not ranks.main
     console.print_json(cfg.model_dump_json())
     if ranks.world > 1:
-        console.print(f"data-parallel learner: {ranks.world} ranks ({getattr(ranks, 'backend', '')}), "
-                      f"{torch.get_num_threads()} thread(s) each on this node's {ranks.local_world}")
+        console.print(f"data-parallel learner: {ranks.world} ranks ({ranks.backend}), {ranks.local_world} on this "
+                      f"node with {torch.get_num_threads()} thread(s) each")
     if ranks.main:
         (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     return out_dir
