@@ -11,16 +11,18 @@ the hooks and takes the model's own forward (`models/logprobs.py`, `fast_path_ok
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from feedbackrl.algos.aggregate import token_mean
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
-from feedbackrl.scale.ddp import TorchrunRanks, launched_by_torchrun
+from feedbackrl.scale.ddp import TorchrunRanks
 from feedbackrl.train.context import OneProcess, Ranks
 from feedbackrl.train.optim import adamw
 
@@ -40,13 +42,13 @@ def global_batch(vocab: int) -> tuple[Tensor, ...]:
 
 def full(t: Tensor) -> Tensor:
     """A plain tensor, or an FSDP2 shard (a DTensor) gathered whole."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def main() -> None:
     model_dir, out_dir = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
-    ranks: Ranks = TorchrunRanks.join(torch.device("cpu"))[0] if launched_by_torchrun() else OneProcess()
+    ranks: Ranks = TorchrunRanks.join(torch.device("cpu"))[0] if "WORLD_SIZE" in os.environ else OneProcess()
     model = load_policy(model_dir)
     fsdp = sys.argv[3:] == ["fsdp"]
     if sys.argv[3:] == ["hf"]:  # one process through the model's own forward, the one FSDP's hooks lead to

@@ -93,6 +93,8 @@ def test_torchrun_refuses_what_does_not_run_data_parallel(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="algo.name = 'ppo' runs in one process so far"):
         check_run(build_config({"algo": {"name": "ppo"}}), None)
+    with pytest.raises(ConfigError, match="rollout.backend = 'vllm'"):
+        check_run(build_config({"rollout": {"backend": "vllm"}}), None)
     with pytest.raises(ConfigError, match="use one or the other"):
         check_run(build_config({"scale": {"rollout_workers": 1}}), None)
     monkeypatch.setenv("WORLD_SIZE", "5")

@@ -44,10 +44,6 @@ from feedbackrl.scale.shards import advance, join_rollouts, shard_rows
 from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
 
 
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
 @dataclass
 class TorchrunRanks:
     """The `Ranks` of a `torchrun` launch (see `train/context.py`); `join` starts it."""
