@@ -165,3 +165,7 @@ def monitor(run_dir: Annotated[Path, typer.Argument(help="a finished (or running
             typer.echo(f"{'':>13}e.g. {ex[:100]!r}")
     if not as_json:
         typer.echo(f"{len(alerts)} alert(s) in {run_dir}")
+
+
+if __name__ == "__main__":  # `python -m feedbackrl.cli`, e.g. under `torchrun -m`
+    app()

@@ -1,66 +1,172 @@
-"""torch.distributed for the learner: data parallel over `torchrun` ranks, gloo on CPUs and NCCL on GPUs.
+"""torch.distributed for the learner: `feedbackrl train` under `torchrun`, data parallel, gloo on CPUs and NCCL on GPUs.
 
-Each rank trains on its rows of the global minibatch. The losses' normalisers (`algos/aggregate.py`:
-the minibatch's real-token count, its sequence count) must be the *global* minibatch's, as they are
-for micro-batches in one process; the ranks' gradients are then summed (one all-reduce per optimizer
-step), which is the global minibatch's gradient. 2 ranks give the gradient of one process on the same
-global batch (`tests/scale/test_ddp.py`, run with `torchrun`).
+Every rank holds the whole policy (built from the same seed, then rank 0's weights broadcast) and the
+same random streams. A step:
+
+1. Roll out: each rank generates its contiguous share of the step's N = B*G rows with the whole
+   batch's padding and sampling stream (`generate(rows=...)`, as the Ray workers do: `shards.py`), the
+   shares are all-gathered, and every rank advances its generator past the whole batch's draws. Every
+   rank then holds the single process's batch, row for row.
+2. Score on rank 0 only, the verdicts broadcast: a reward that calls a judge or a sandbox runs once per
+   completion, and every rank feeds the same verdicts back to its task (adaptive difficulty stays in step).
+3. Learn: each rank trains on its share of every minibatch. The losses' normalisers (token and sequence
+   counts) are the whole minibatch's, which every rank can count since it holds the whole batch, so
+   the ranks' gradients sum (one all-reduce per optimizer step) to the single process's gradient, and
+   the identical optimizer steps keep the replicas equal.
 
 Why not `DistributedDataParallel`'s wrapper: it prepares its gradient hooks in its `forward`, and our
-training forward (`models/logprobs.py`) calls the decoder's layers directly for Llama/Qwen2 models,
+training forward (`models/logprobs.py`) calls the decoder's weights directly for Llama/Qwen2 models,
 never the wrapper's `forward`. The all-reduce is the same collective DDP issues, without its
 bucketing and overlap with the backward pass (a GPU-scale optimisation).
 
-What is not here yet: the GRPO loop on ranks (rank 0 collecting and scattering each step's batch),
-and FSDP2 for models that do not fit one device.
+Rank 0 alone writes: metrics, checkpoints, evaluations, the report. The other ranks read a checkpoint
+to resume or to roll back, so OUT must be one directory they all see (one node, or a shared filesystem).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from feedbackrl.config import ConfigError, RolloutConfig
+from feedbackrl.envs.base import Task
+from feedbackrl.envs.multi_turn import EpisodicTask
+from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.rollout.generate import Rollout, generate
+from feedbackrl.scale.shards import advance, join_rollouts, shard_rows
+from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
 
 
-def init_from_env() -> tuple[int, int]:
-    """Join the process group `torchrun` describes (RANK, WORLD_SIZE, MASTER_ADDR...); (rank, world size).
+@dataclass
+class TorchrunRanks:
+    """The `Ranks` of a `torchrun` launch (see `train/context.py`); `join` starts it."""
 
-    A plain `python` launch is rank 0 of 1 and starts no process group.
-    """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), world
+    rank: int
+    world: int
+    local_world: int  # ranks on this node, who share its cores
+    backend: str
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def join(cls, device: torch.device) -> tuple[TorchrunRanks, torch.device]:
+        """Join the process group `torchrun` describes (RANK, WORLD_SIZE, MASTER_ADDR...): NCCL when the
+        policy is on a GPU (each rank on GPU LOCAL_RANK), gloo on CPUs. -> the ranks and this rank's device."""
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if device.type == "cuda":
+            if device.index is not None:
+                raise ConfigError(f"train.device = '{device}' under torchrun: each rank takes GPU LOCAL_RANK; set "
+                                  "train.device to 'cuda' or 'auto'")
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        return cls(dist.get_rank(), dist.get_world_size(), local_world, backend), device
+
+    def share(self, n: int) -> slice:
+        """This rank's contiguous rows of n (the first n % world ranks one row more)."""
+        return shard_rows(n, self.world)[self.rank]
+
+    def gather(self, local: Tensor, n: int) -> Tensor:
+        """Every rank's `share(n)` rows (n_local, ...) -> all n rows in order, on every rank."""
+        parts = shard_rows(n, self.world)
+        width = max(s.stop - s.start for s in parts)
+        padded = local.detach().new_zeros((width, *local.shape[1:]))  # all_gather wants equal shapes
+        padded[: local.shape[0]] = local.detach()
+        out = [torch.empty_like(padded) for _ in parts]
+        dist.all_gather(out, padded)
+        return torch.cat([o[: s.stop - s.start] for o, s in zip(out, parts, strict=True)])
+
+    def sum(self, x: Tensor) -> Tensor:
+        x = x.detach().clone()
+        dist.all_reduce(x)
+        return x
+
+    def sum_gradients(self, params: list[Tensor]) -> None:
+        """Sum every parameter's gradient over the ranks, in one flat buffer (one collective per step).
+
+        Every rank trains on at least one row of the same model, so the same parameters hold a gradient."""
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def from_main(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (pickled: small things only, e.g. a monitor's decision)."""
+        box = [obj if self.main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    @torch.no_grad()
+    def sync_parameters(self, model: torch.nn.Module) -> None:
+        """Rank 0's parameters and buffers on every rank (as DDP does when it wraps a model)."""
+        for t in model.state_dict().values():
+            dist.broadcast(t, src=0)
+
+    def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
+                  cfg: RolloutConfig) -> ShardedCollector:
+        if isinstance(task, EpisodicTask):
+            raise ConfigError(f"torchrun: multi-turn task {task.name!r} rolls out episodes in one process so far; "
+                              "run it without torchrun")
+        return ShardedCollector(self, model, tokenizer, task, scorer, cfg)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def rank_rows(n: int, rank: int, world: int) -> slice:
-    """This rank's contiguous rows of a global minibatch of n rows (n must divide evenly: equal shares)."""
-    if n % world:
-        raise ValueError(f"a global minibatch of {n} rows does not split evenly over {world} ranks")
-    share = n // world
-    return slice(rank * share, (rank + 1) * share)
+def _moved(ro: Rollout, device: torch.device | str) -> Rollout:
+    """The rollout's tensors on `device` (shares travel on the CPU: a pickled GPU tensor unpickles onto the
+    sender's GPU)."""
+    return Rollout(**{f.name: getattr(ro, f.name).to(device) if isinstance(getattr(ro, f.name), Tensor)
+                      else getattr(ro, f.name) for f in fields(ro)})
 
 
-def global_normalisers(mask: Tensor, max_len: int) -> dict[str, float]:
-    """(n_local, T) this rank's mask -> the aggregation normalisers of the global minibatch (all ranks' rows)."""
-    counts = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(counts)
-    return {"num_tokens": counts[0].item(), "num_sequences": counts[1].item(), "max_len": max_len}
+@dataclass
+class ShardedCollector:
+    """A `Collector` whose rows are generated by the ranks in shares, scored on rank 0 (see the module doc)."""
 
+    ranks: TorchrunRanks
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    task: Task
+    scorer: Scorer
+    cfg: RolloutConfig
 
-def allreduce_gradients(params: list[Tensor]) -> None:
-    """Sum every parameter's gradient over the ranks, in one flat buffer (one collective per step)."""
-    if not dist.is_initialized():
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    def collect(self, prompt_rng: Any, sample_rng: torch.Generator, prefetch: bool = False) -> Batch:
+        t0, c = time.perf_counter(), self.cfg
+        owners = sample_owners(self.task, c, prompt_rng)  # the same problems on every rank: the same streams
+        g = torch.Generator(sample_rng.device).set_state(sample_rng.get_state())
+        mine = generate(self.model, self.tokenizer, [p.prompt for p in owners], c.max_new_tokens, c.temperature,
+                        c.top_p, generator=g, min_new_tokens=c.min_new_tokens, rows=self.ranks.share(len(owners)))
+        parts: list[Any] = [None] * self.ranks.world
+        dist.all_gather_object(parts, _moved(mine, "cpu"))
+        ro = _moved(join_rollouts(parts, self.tokenizer.pad_token_id), self.model.device)
+        advance(sample_rng, ro.completion_ids.shape[1], len(owners))  # exactly the single process's draws
+        return score_rollout(self.task, self._score, owners, ro, t0, time.perf_counter(), c.truncated_fails)
+
+    def _score(self, problems: list[Problem], texts: list[str]) -> tuple[list[Verdict], dict[str, float]]:
+        return self.ranks.from_main(self.scorer(problems, texts) if self.ranks.main else None)
+
+    def update(self, model: PreTrainedModel, version: int) -> None:
+        pass  # every rank generates with its own replica, already updated
+
+    def close(self) -> None:
+        pass

@@ -139,13 +139,15 @@ def load_extra(ckpt: Path, name: str) -> Any:
 
 
 def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
-                     resume_from: Path | None, source: str | Path | None = None) -> PreTrainedModel:
+                     resume_from: Path | None, source: str | Path | None = None,
+                     record: bool = True) -> PreTrainedModel:
     """The reference is the policy as it was when RL started, recorded once so a resume reloads it.
 
     When those weights already sit in a model directory (`source`: the SFT policy the run saved, the
     model it loaded), OUT/reference.json points at it and nothing is copied; otherwise the reference is
     saved to OUT/reference/. A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N
-    -> RUN), so resuming into a new out dir never freezes the resumed policy instead.
+    -> RUN), so resuming into a new out dir never freezes the resumed policy instead. `record=False` (a
+    data-parallel rank other than 0) only builds the reference.
     """
     if resume_from is None:
         ref, pointer = copy.deepcopy(model), Path(source).resolve() if source is not None else None
@@ -154,7 +156,7 @@ def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         ref, pointer = _saved_reference(run_dir, resume_from)
         ref = ref.to(model.device)
     same_dir = resume_from is not None and Path(resume_from).parent.parent.resolve() == Path(out_dir).resolve()
-    if not same_dir:
+    if record and not same_dir:
         if pointer is not None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             (Path(out_dir) / REFERENCE_POINTER).write_text(json.dumps({"path": str(pointer)}) + "\n")

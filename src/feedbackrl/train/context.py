@@ -9,17 +9,89 @@ trains `run.model` (or a model built from it), logs to `run.sink`, writes what i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.config import RunConfig
+from feedbackrl.config import RolloutConfig, RunConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.log import MetricsSink
-from feedbackrl.train.collect import Scorer
+from feedbackrl.train.collect import Collector, InProcessCollector, Scorer
+
+
+class Ranks(Protocol):
+    """The learner's processes: this one alone (`OneProcess`), or `torchrun`'s data-parallel ranks
+    (`scale/ddp.py`: each rank trains on its share of every minibatch, gradients summed)."""
+
+    rank: int
+    world: int
+    local_world: int  # processes on this node, sharing its cores
+    backend: str  # torch.distributed's: "gloo", "nccl"; "" in one process
+
+    @property
+    def main(self) -> bool: ...  # rank 0: the one that writes metrics, checkpoints and the report
+
+    def share(self, n: int) -> slice: ...  # this rank's contiguous rows of n
+
+    def gather(self, local: Tensor, n: int) -> Tensor: ...  # every rank's `share(n)` rows -> all n rows
+
+    def sum(self, x: Tensor) -> Tensor: ...  # summed over the ranks
+
+    def sum_gradients(self, params: list[Tensor]) -> None: ...
+
+    def from_main(self, obj: Any) -> Any: ...  # rank 0's object on every rank
+
+    def barrier(self) -> None: ...
+
+    def sync_parameters(self, model: torch.nn.Module) -> None: ...  # rank 0's weights on every rank
+
+    def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
+                  cfg: RolloutConfig) -> Collector: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class OneProcess:
+    """The default `Ranks`: one process, every row its own, nothing to communicate."""
+
+    rank: int = 0
+    world: int = 1
+    local_world: int = 1
+    backend: str = ""
+    main: bool = True
+
+    def share(self, n: int) -> slice:
+        return slice(0, n)
+
+    def gather(self, local: Tensor, n: int) -> Tensor:
+        return local
+
+    def sum(self, x: Tensor) -> Tensor:
+        return x
+
+    def sum_gradients(self, params: list[Tensor]) -> None:
+        pass
+
+    def from_main(self, obj: Any) -> Any:
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def sync_parameters(self, model: torch.nn.Module) -> None:
+        pass
+
+    def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
+                  cfg: RolloutConfig) -> Collector:
+        return InProcessCollector(model, tokenizer, task, scorer, cfg)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -35,6 +107,7 @@ class Run:
     resume_from: Path | None = None  # a checkpoint dir to continue from
     on_eval: Callable[[int], dict[str, Any]] | None = None  # held-out eval every `eval.every` steps
     start_dir: Path | None = None  # a model directory holding the starting policy's weights (the KL reference)
+    ranks: Ranks = field(default_factory=OneProcess)  # the data-parallel learner's processes (`torchrun`)
 
 
 Algorithm = Callable[[Run], dict[str, Any]]

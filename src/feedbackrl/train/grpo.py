@@ -33,7 +33,7 @@ from feedbackrl.models.policy import train_autocast
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
 from feedbackrl.train.collect import Collector, InProcessCollector, Scorer, minibatches, task_scorer
-from feedbackrl.train.context import Run
+from feedbackrl.train.context import OneProcess, Ranks, Run
 from feedbackrl.train.episodes import write_transcripts
 from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
 from feedbackrl.train.optim import adamw
@@ -49,13 +49,16 @@ def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimi
 
 
 def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
-                   scorer: Scorer) -> Collector:
-    """This process's collect step, vLLM's (`rollout.backend = "vllm"`), or Ray workers' when the recipe's
-    `[scale]` section asks for them."""
-    if isinstance(task, ExternalTask) and (cfg.scale.uses_ray or cfg.rollout.backend == "vllm"):
+                   scorer: Scorer, ranks: Ranks | None = None) -> Collector:
+    """This process's collect step, the `torchrun` ranks' (each generates a share), vLLM's
+    (`rollout.backend = "vllm"`), or Ray workers' when the recipe's `[scale]` section asks for them."""
+    ranked = ranks is not None and ranks.world > 1
+    if isinstance(task, ExternalTask) and (cfg.scale.uses_ray or cfg.rollout.backend == "vllm" or ranked):
         raise ConfigError(f"task {task.name!r} plays its episodes in another program against this process's "
-                          "policy endpoint; [scale] rollout or reward workers and rollout.backend = 'vllm' "
-                          "are not supported for it")
+                          "policy endpoint; [scale] rollout or reward workers, rollout.backend = 'vllm' and "
+                          "torchrun are not supported for it")
+    if ranks is not None and ranked:
+        return ranks.collector(model, tokenizer, task, scorer, cfg.rollout)
     if cfg.rollout.backend == "vllm":
         from feedbackrl.scale.vllm_rollout import vllm_collector  # vLLM is an optional extra: imported only when used
 
@@ -81,20 +84,24 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                on_eval: Callable[[int], dict[str, Any]] | None = None,
                scorer: Scorer | None = None, monitor: Monitor | None = None,
-               collector: Collector | None = None, reference_source: Path | None = None) -> dict[str, Any]:
+               collector: Collector | None = None, reference_source: Path | None = None,
+               ranks: Ranks | None = None) -> dict[str, Any]:
     """Run GRPO or RLOO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
 
     Completions are scored by the task's verifier, or by `scorer` when given; batches come from
     `collector` when given, else from `make_collector` (this process unless `[scale]` asks for workers).
     `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
     the KL coefficient. `reference_source`: a model directory that already holds the starting weights
-    (recorded instead of a copy of the KL reference).
+    (recorded instead of a copy of the KL reference). `ranks`: the data-parallel learner's processes under
+    `torchrun` (`scale/ddp.py`); each trains on its share of every minibatch and only rank 0 writes.
     """
+    ranks = ranks or OneProcess()
     scorer = scorer or task_scorer(task)
-    collector = collector or make_collector(cfg, model, tokenizer, task, scorer)
+    collector = collector or make_collector(cfg, model, tokenizer, task, scorer, ranks)
     a, ro_cfg = cfg.algo, cfg.rollout
     B, G = ro_cfg.prompts_per_step, ro_cfg.group_size
     optimizer = make_optimizer(model, cfg)
+    trainable = [p for p in model.parameters() if p.requires_grad]
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     start = 0
@@ -108,7 +115,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     # LoRA: the reference is the base model with the adapters disabled, no second copy
     ref = None
     if wants_ref and not is_lora(model):
-        ref = frozen_reference(model, tokenizer, out_dir, resume_from, reference_source)
+        ref = frozen_reference(model, tokenizer, out_dir, resume_from, reference_source, record=ranks.main)
     precision = functools.partial(train_autocast, cfg.train.precision, model.device)
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
@@ -116,6 +123,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
+        if not ranks.main:  # rank 0 writes; the replicas are equal
+            return
         save_checkpoint(out_dir, model, tokenizer, optimizer if cfg.train.save_optimizer else None, step, prompt_rng,
                         sample_rng, cfg.model_dump_json(indent=2), task.state_dict())
 
@@ -139,17 +148,21 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
             if batch.turn_advantages is not None:  # episodes with per-turn credit: (N,) -> (N, T)
                 advantages = advantages[:, None] + batch.turn_advantages
-            if batch.episodes is not None:
+            if batch.episodes is not None and ranks.main:
                 write_transcripts(out_dir / "episodes.jsonl", step + 1, batch.episodes)
             tensors, mask = batch.tensors, batch.completion_mask.float()
+            # each rank computes its share of the rows' old and reference log-probs; every rank gets them all
+            mine, n = [t[ranks.share(B * G)] for t in tensors], B * G
             with torch.no_grad(), precision():
                 # old log-probs only matter when the policy moves within a batch; with one update the
                 # ratio is exactly 1 and the detached current log-probs serve
-                old_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0] if n_updates > 1 else None
-                ref_lp = sequence_logprobs(ref, *tensors, ro_cfg.temperature)[0] if ref is not None else None
+                old_lp = ranks.gather(sequence_logprobs(model, *mine, ro_cfg.temperature)[0], n) \
+                    if n_updates > 1 else None
+                ref_lp = ranks.gather(sequence_logprobs(ref, *mine, ro_cfg.temperature)[0], n) \
+                    if ref is not None else None
                 if wants_ref and ref is None:
                     with adapters_disabled(model):
-                        ref_lp = sequence_logprobs(model, *tensors, ro_cfg.temperature)[0]
+                        ref_lp = ranks.gather(sequence_logprobs(model, *mine, ro_cfg.temperature)[0], n)
             # 4. optimise: epochs x minibatches
             stats: dict[str, list[float]] = {k: [] for k in ("loss/policy", "loss/kl", "kl/mean", "entropy/mean",
                                                               "clip_frac", "grad_norm")}
@@ -158,11 +171,12 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 for idx in minibatches(B * G, a.minibatches, sample_rng):
                     mb_mask = mask[idx]
                     # the loss's normalisers are the whole minibatch's, so summing the micro-batches'
-                    # losses (gradient accumulation) gives the minibatch's gradient
+                    # losses (gradient accumulation) and the ranks' gradients gives the minibatch's gradient
                     norm = {"num_tokens": float(mb_mask.sum()), "num_sequences": float(len(idx)),
                             "max_len": ro_cfg.max_new_tokens}
                     parts: dict[str, list[torch.Tensor]] = {"pg": [], "kl": [], "entropy": [], "clipped": []}
-                    for sub in idx.split(micro or len(idx)):
+                    own = idx[ranks.share(len(idx))]  # this rank's rows of the minibatch (all of them in one process)
+                    for sub in own.split(micro or len(own)):
                         mb = [t[sub] for t in tensors]
                         with precision():
                             logprobs, entropy = sequence_logprobs(model, *mb, ro_cfg.temperature, with_entropy=True)
@@ -187,18 +201,19 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                         parts["entropy"].append(entropy)
                         parts["clipped"].append(pg_stats["clip_frac"] * mask[sub].sum().clamp(min=1.0))
                         del logprobs, entropy, pg, kl, per_token  # this micro-batch's graph goes now
+                    ranks.sum_gradients(trainable)
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
                     optimizer.step()
                     # free the gradients now, not before the next backward: they would otherwise sit in
                     # memory through the next rollout (a model's worth of floats at peak RSS)
                     optimizer.zero_grad(set_to_none=True)
-                    pg, kl, entropy = (torch.cat(parts[k]) for k in ("pg", "kl", "entropy"))
+                    pg, kl, entropy = (ranks.gather(torch.cat(parts[k]), len(idx)) for k in ("pg", "kl", "entropy"))
                     n_tok = mb_mask.sum().clamp(min=1)
                     stats["loss/policy"].append(aggregate(pg, mb_mask, max_len=ro_cfg.max_new_tokens).item())
                     stats["loss/kl"].append(aggregate(kl, mb_mask, max_len=ro_cfg.max_new_tokens).item())
                     stats["kl/mean"].append(((kl * mb_mask).sum() / n_tok).item())
                     stats["entropy/mean"].append(((entropy * mb_mask).sum() / n_tok).item())
-                    stats["clip_frac"].append((sum(parts["clipped"]) / n_tok).item())
+                    stats["clip_frac"].append((ranks.sum(sum(parts["clipped"])) / n_tok).item())
                     stats["grad_norm"].append(float(grad_norm))
             collector.update(model, step + 1)  # the workers sample the next batches with these weights
             # 5. log
@@ -207,8 +222,11 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                        "perf/step_s": dt, "perf/tokens_per_s": float(batch.completion_mask.sum()) / dt}
             done = step + 1
             # 6. periodic eval and the monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
-            decision = after_step(cfg, done, batch, metrics, monitor, on_eval, kl_coef)
-            sink.log(done, metrics)
+            decision = after_step(cfg, done, batch, metrics, monitor, on_eval, kl_coef) if ranks.main else None
+            if monitor is not None:  # rank 0's monitors decide for every rank
+                decision = ranks.from_main(decision)
+            if ranks.main:
+                sink.log(done, metrics)
             bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
             # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
             if decision is not None and monitor is not None:
@@ -233,5 +251,5 @@ def run_grpo(run: Run) -> dict[str, Any]:
     """GRPO or RLOO as the run path calls it: the recipe's reward, resume and periodic eval included."""
     final = train_grpo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink,
                        resume_from=run.resume_from, on_eval=run.on_eval, scorer=run.scorer,
-                       reference_source=run.start_dir)
+                       reference_source=run.start_dir, ranks=run.ranks)
     return {"steps": run.cfg.algo.steps, "final": final}

@@ -9,6 +9,10 @@ Every algorithm gets the same `Run` (`train/context.py`): the policy on its devi
 metrics sink and the recipe's reward as one `Scorer`. Adding an algorithm is its loop in one file
 under train/ (pure losses in algos/), its config class in config.py, and one line here.
 
+Under `torchrun` (WORLD_SIZE > 1) every rank runs this path as one rank of a data-parallel learner
+(`scale/ddp.py`, for the algorithms marked `data_parallel`): rank 0 evaluates and writes everything
+below, the other ranks build the same policy and train in step with it.
+
 `OUT/` after a run: `config.json` (the resolved config), `metrics.jsonl` (one line per step),
 `eval_before.json`, `report.json`, `curves.png`; `base_model/` when the model was built locally;
 `sft_policy/` after an SFT warm start (reusable as `model.path`); and what the algorithm writes:
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +50,8 @@ from feedbackrl.models.policy import setup_policy
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.monitors.report import alerts_section
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
-from feedbackrl.train.context import Algorithm, Run
+from feedbackrl.train.collect import task_scorer
+from feedbackrl.train.context import Algorithm, OneProcess, Ranks, Run
 from feedbackrl.train.evaluate import EvalResult, evaluate
 from feedbackrl.train.grpo import run_grpo
 from feedbackrl.train.online_labels import run_online_labels
@@ -62,11 +68,12 @@ class Entry:
     trains_policy: bool = True  # False: the policy is only the starting point (reward models): no eval after
     resumable: bool = False  # `--resume` continues it from a checkpoint
     off_cpu: bool = False  # runs on `train.device` = cuda
+    data_parallel: bool = False  # runs under `torchrun` as a data-parallel learner (`scale/ddp.py`)
 
 
 ALGORITHMS: dict[str, Entry] = {
-    "grpo": Entry(run_grpo, resumable=True, off_cpu=True),
-    "rloo": Entry(run_grpo, resumable=True, off_cpu=True),
+    "grpo": Entry(run_grpo, resumable=True, off_cpu=True, data_parallel=True),
+    "rloo": Entry(run_grpo, resumable=True, off_cpu=True, data_parallel=True),
     "ppo": Entry(run_ppo, resumable=True),
     "dpo": Entry(run_dpo),
     "reward_model": Entry(run_reward_model, trains_policy=False),
@@ -97,10 +104,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_or_build(cfg: RunConfig, out_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_or_build(cfg: RunConfig, out_dir: Path,
+                  ranks: Ranks | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     path = cfg.model.path
-    if path == "tiny":
-        path = str(make_tiny(out_dir / "base_model", cfg.model.size, cfg.model.init_seed))
+    if path == "tiny":  # built by rank 0, read by every rank
+        ranks = ranks or OneProcess()
+        path = str(out_dir / "base_model")
+        if ranks.main:
+            make_tiny(path, cfg.model.size, cfg.model.init_seed)
+        ranks.barrier()
     return load_policy(path), load_tokenizer(path)
 
 
@@ -140,15 +152,23 @@ def model_task(cfg: RunConfig, task: Task, tokenizer: PreTrainedTokenizerBase) -
     return chat_task(task, tokenizer, cfg.model.chat_template, cfg.model.system_prompt)
 
 
-def start_run(cfg: RunConfig, out_dir: str | Path) -> Path:
-    """What every run does first: quiet HF bars, make the out dir, set threads, print and save the config."""
+def start_run(cfg: RunConfig, out_dir: str | Path, ranks: Ranks | None = None) -> Path:
+    """What every run does first: quiet HF bars, make the out dir, set threads, print and save the config
+    (rank 0 only under `torchrun`: the other ranks print nothing)."""
+    ranks = ranks or OneProcess()
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     s = cfg.scale  # asynchronous local workers generate while the learner trains: they share the cores
-    set_threads(cfg.train.threads, 1 + s.rollout_workers if s.max_staleness and not s.ray_address else 1)
+    busy = 1 + s.rollout_workers if s.max_staleness and not s.ray_address else 1
+    set_threads(cfg.train.threads, busy * ranks.local_world)  # torchrun's ranks on this node share its cores too
+    console.quiet = not ranks.main
     console.print_json(cfg.model_dump_json())
-    (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    if ranks.world > 1:
+        console.print(f"data-parallel learner: {ranks.world} ranks ({ranks.backend}), {ranks.local_world} on this "
+                      f"node with {torch.get_num_threads()} thread(s) each")
+    if ranks.main:
+        (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     return out_dir
 
 
@@ -157,9 +177,33 @@ def _eval_metrics(result: dict[str, Any], k: int) -> dict[str, Any]:
     return {"phase": "eval", "eval/accuracy": result["accuracy"], **sampled}
 
 
+def join_ranks(device: torch.device) -> tuple[Ranks, torch.device]:
+    """This process alone, or, launched by `torchrun` (WORLD_SIZE > 1), its rank of the data-parallel learner
+    and the device that rank trains on."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return OneProcess(), device
+    from feedbackrl.scale.ddp import TorchrunRanks  # torch.distributed glue: imported when launched so
+
+    return TorchrunRanks.join(device)
+
+
 def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.device, Path | None]:
     """Everything that can fail before any work: the algorithm, the device, the checkpoint to resume."""
     entry = ALGORITHMS[cfg.algo.name]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not entry.data_parallel:
+        on = [name for name, e in ALGORITHMS.items() if e.data_parallel]
+        raise ConfigError(f"torchrun: algo.name = {cfg.algo.name!r} runs in one process so far (data-parallel: "
+                          f"{', '.join(on)}); launch it without torchrun")
+    if world > 1 and cfg.rollout.backend != "native":
+        raise ConfigError(f"torchrun with rollout.backend = {cfg.rollout.backend!r}: the ranks generate their shares "
+                          "with the native sampler so far; set rollout.backend = 'native'")
+    if world > 1 and cfg.scale.uses_ray:
+        raise ConfigError("torchrun with scale.rollout_workers / scale.reward_workers: use one or the other (the "
+                          "ranks generate their own shares of each step)")
+    if world > 1 and world > (rows := cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches):
+        raise ConfigError(f"torchrun with {world} ranks: a minibatch holds {rows} rows "
+                          "(rollout.prompts_per_step * rollout.group_size / algo.minibatches); every rank needs one")
     device = resolve_device(cfg.train.device)
     if cfg.rollout.backend == "vllm":  # installed, and a GPU to run on: checked before any work
         from feedbackrl.scale.vllm_rollout import check_vllm
@@ -177,44 +221,79 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
 
 
 def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None, device: torch.device,
-                   sink: MetricsSink) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Task, dict[str, Any] | None]:
+                   sink: MetricsSink, ranks: Ranks | None = None,
+                   ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Task, dict[str, Any] | None]:
     """The policy the algorithm starts from, the task as it sees it, and its held-out evaluation: built or
     loaded, `[lora]` and checkpointing applied, then SFT and evaluated; or, resuming, the checkpoint's
-    policy (adapters included) and the evaluation the run saved when it started."""
+    policy (adapters included) and the evaluation the run saved when it started.
+
+    Under `torchrun` every rank builds (or loads) the policy and runs the SFT warm start, which needs no
+    communication; rank 0 alone evaluates and writes, and its weights are then broadcast to the others."""
+    ranks = ranks or OneProcess()
     if ckpt is not None:
         if read_config_json(ckpt) != json.loads(cfg.model_dump_json()):
             console.print("[yellow]warning: resuming with a config that differs from the checkpoint's")
         model, tokenizer = load_policy(str(ckpt)), load_tokenizer(str(ckpt))
     else:
-        model, tokenizer = load_or_build(cfg, out_dir)
+        model, tokenizer = load_or_build(cfg, out_dir, ranks)
     model = setup_policy(model.to(device), cfg.lora, cfg.train)  # [lora], gradient checkpointing, precision
     task = model_task(cfg, task, tokenizer)
+    before = None
     if ckpt is not None:
         before_path = out_dir / "eval_before.json"
-        return model, tokenizer, task, json.loads(before_path.read_text()) if before_path.exists() else None
-    if cfg.sft.steps and cfg.algo.name != "sft":  # a warm start; with algo.name = "sft" it is the algorithm
-        sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
-        model.save_pretrained(out_dir / "sft_policy")
-        tokenizer.save_pretrained(out_dir / "sft_policy")
-    before = run_eval(model, tokenizer, task, cfg).to_dict()
-    (out_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
-    sink.log(0, _eval_metrics(before, cfg.eval.pass_k))
+        before = json.loads(before_path.read_text()) if before_path.exists() else None
+    else:
+        if cfg.sft.steps and cfg.algo.name != "sft":  # a warm start; with algo.name = "sft" it is the algorithm
+            sft_warmstart(model, tokenizer, task, cfg.sft, cfg.train.seed, sink)
+            if ranks.main:
+                model.save_pretrained(out_dir / "sft_policy")
+                tokenizer.save_pretrained(out_dir / "sft_policy")
+        if ranks.main:
+            before = run_eval(model, tokenizer, task, cfg).to_dict()
+            (out_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
+            sink.log(0, _eval_metrics(before, cfg.eval.pass_k))
+    ranks.sync_parameters(model)
     return model, tokenizer, task, before
 
 
 def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
     """Run the recipe into `out_dir`; with `resume`, continue from a checkpoint (SFT is not redone)."""
     entry, device, ckpt = check_run(cfg, resume)
+    ranks, device = join_ranks(device)
+    try:
+        if not ranks.main:  # the other ranks train in step with rank 0, which evaluates and reports
+            _train_on_rank(cfg, entry, out_dir, device, ckpt, ranks)
+            return {}
+        return _run_main(cfg, entry, out_dir, device, ckpt, ranks)
+    finally:
+        ranks.close()
+
+
+def _train_on_rank(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.device, ckpt: Path | None,
+                   ranks: Ranks) -> None:
+    """A `torchrun` rank other than 0: the policy, then the algorithm's collectives; it writes nothing."""
+    out_dir = start_run(cfg, out_dir, ranks)
+    sink = MultiSink([])
+    model, tokenizer, task, _ = prepare_policy(cfg, make_task(cfg.task), out_dir, ckpt, device, sink, ranks)
+    scorer = task_scorer(task)  # never called: rank 0 scores, this rank receives its verdicts
+    start = None if ckpt is not None else start_dir(cfg, out_dir)
+    entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, None, start, ranks))
+
+
+def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.device, ckpt: Path | None,
+              ranks: Ranks) -> dict[str, Any]:
     t_start = time.perf_counter()
-    out_dir = start_run(cfg, out_dir)
+    out_dir = start_run(cfg, out_dir, ranks)
     task = make_task(cfg.task)
     reward = training_reward(cfg, task)
     proxy = cfg.algo.name == "dpo" or reward != task.verify_batch  # trained on something other than the verifier
     sink = make_sink(cfg, out_dir)
     report: dict[str, Any] = {"task": cfg.task.name, "algo": cfg.algo.name,
                               "reward": cfg.reward.model or cfg.reward.source or "verifier"}
+    if ranks.world > 1:
+        report["data_parallel_ranks"] = ranks.world
     try:
-        model, tokenizer, task, before = prepare_policy(cfg, task, out_dir, ckpt, device, sink)
+        model, tokenizer, task, before = prepare_policy(cfg, task, out_dir, ckpt, device, sink, ranks)
         baseline = copy.deepcopy(model).eval() if proxy and entry.trains_policy else None
 
         def on_eval(step: int) -> dict[str, Any]:
@@ -226,7 +305,7 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
         t_train = time.perf_counter()
         start = None if ckpt is not None else start_dir(cfg, out_dir)
         report.update(entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, on_eval,
-                                      start)))
+                                      start, ranks)))
         report["train_seconds"] = time.perf_counter() - t_train
         report["eval_before"], report["eval_after"] = before, None
         if entry.trains_policy:
