@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn")
 from typer.testing import CliRunner  # noqa: E402
 
 from feedbackrl.cli import app  # noqa: E402
-from feedbackrl.envs.verifiers_env import VerifiersTask  # noqa: E402
+from feedbackrl.envs.verifiers_env import VerifiersError, VerifiersTask  # noqa: E402
 from feedbackrl.models.logprobs import sequence_logprobs  # noqa: E402
 from feedbackrl.models.tiny import build_model  # noqa: E402
 from feedbackrl.serve import openai_api  # noqa: E402
@@ -64,6 +64,16 @@ def test_the_environment_loads_by_module_name(task) -> None:
     assert len(tasks) == 6
     for t in tasks:
         assert t["prompt"].endswith("=") and t["answer"] == t["prompt"][:-1][::-1] and t["system_prompt"] is None
+
+
+def test_one_driver_process_serves_the_calls_and_a_failed_call_is_reported(task) -> None:
+    listed = task.tasks
+    proc = task._driver._proc
+    assert task._call({"command": "list"})["tasks"] == listed and task._driver._proc is proc
+    with pytest.raises(VerifiersError, match="unknown command 'nope'"):
+        task._call({"command": "nope"})
+    assert task._driver is None and proc.poll() == 0  # closed: it tore down and exited
+    assert task._call({"command": "list"})["tasks"] == listed and task._driver._proc is not proc
 
 
 # Runs in the verifiers virtualenv: every task's own reward hooks (the functions verifiers sums into a
