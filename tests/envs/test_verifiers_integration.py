@@ -1,8 +1,9 @@
-"""A real `verifiers` 0.4 environment (tests/envs/verifiers_envs/tiny_reverse, written in its v1 API)
+"""A real `verifiers` 0.4 environment (examples/verifiers_envs/tiny_reverse, written in its v1 API)
 against our policy endpoint, with verifiers in its own virtualenv: loaded by module name, its
 clients drive the endpoint (the training client's token-in/token-out route, log-probs equal to the
 policy's own; the eval client's streamed chat completions), and `feedbackrl train` runs GRPO steps on
-it with verifiers' rewards.
+it with verifiers' rewards. The environment's reward pays the exact reversal only: answers that do
+not reverse the word (a constant, the prompt echoed, the word itself) score 0.
 
 Skipped without the virtualenv: `make verifiers-venv` makes it at .venv-verifiers (or point
 FEEDBACKRL_VERIFIERS_PYTHON at another verifiers interpreter).
@@ -25,7 +26,7 @@ pytest.importorskip("uvicorn")
 from typer.testing import CliRunner  # noqa: E402
 
 from feedbackrl.cli import app  # noqa: E402
-from feedbackrl.envs.verifiers_env import VerifiersTask  # noqa: E402
+from feedbackrl.envs.verifiers_env import VerifiersError, VerifiersTask  # noqa: E402
 from feedbackrl.models.logprobs import sequence_logprobs  # noqa: E402
 from feedbackrl.models.tiny import build_model  # noqa: E402
 from feedbackrl.serve import openai_api  # noqa: E402
@@ -33,7 +34,7 @@ from feedbackrl.train.episodes import read_transcripts  # noqa: E402
 from feedbackrl.train.external import policy_endpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-ENVS = ROOT / "tests" / "envs" / "verifiers_envs"
+ENVS = ROOT / "examples" / "verifiers_envs"
 PYTHON = Path(os.environ.get("FEEDBACKRL_VERIFIERS_PYTHON", ROOT / ".venv-verifiers" / "bin" / "python"))
 
 
@@ -51,21 +52,75 @@ _REASON = _usable()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 
-def _task(**kw) -> VerifiersTask:
-    return VerifiersTask(env="tiny_reverse", python=str(PYTHON), path=[str(ENVS)], taskset={"num_tasks": 6}, **kw)
+@pytest.fixture
+def task():
+    t = VerifiersTask(env="tiny_reverse", python=str(PYTHON), path=[str(ENVS)], taskset={"num_tasks": 6})
+    yield t
+    t.close()
 
 
-def test_the_environment_loads_by_module_name() -> None:
-    tasks = _task().tasks
+def test_the_environment_loads_by_module_name(task) -> None:
+    tasks = task.tasks
     assert len(tasks) == 6
     for t in tasks:
         assert t["prompt"].endswith("=") and t["answer"] == t["prompt"][:-1][::-1] and t["system_prompt"] is None
 
 
+def test_one_driver_process_serves_the_calls_and_a_failed_call_is_reported(task) -> None:
+    listed = task.tasks
+    proc = task._driver._proc
+    assert task._call({"command": "list"})["tasks"] == listed and task._driver._proc is proc
+    with pytest.raises(VerifiersError, match="unknown command 'nope'"):
+        task._call({"command": "nope"})
+    assert task._driver is None and proc.poll() == 0  # closed: it tore down and exited
+    assert task._call({"command": "list"})["tasks"] == listed and task._driver._proc is not proc
+
+
+# Runs in the verifiers virtualenv: every task's own reward hooks (the functions verifiers sums into a
+# trace's reward) and metric hooks on a reply, for each of the replies given on stdin.
+_SCORE = """
+import asyncio, inspect, json, sys, types
+import tiny_reverse
+from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+replies = json.loads(sys.stdin.read())
+env = load_environment(resolve_env_config({"taskset": {"id": "tiny_reverse", "num_tasks": 48}}))
+async def score(task, reply):
+    trace = types.SimpleNamespace(last_reply=reply)
+    hooks = {k: getattr(task, k) for k, _ in inspect.getmembers(type(task), inspect.isfunction)}
+    return {kind: {k: await f(trace) for k, f in hooks.items() if getattr(f, kind, False)}
+            for kind in ("reward", "metric")}
+out = [[asyncio.run(score(t, r.replace("{word}", t.data.prompt[:-1]))) for r in replies] for t in env.taskset]
+words = [t.data.prompt[:-1] for t in env.taskset]
+print(json.dumps({"words": words, "scores": out}))
+"""
+
+
+def test_answers_that_do_not_reverse_the_word_score_zero() -> None:
+    replies = ["bcb", "ab", "{word}=", "{word}", " {word} "]
+    proc = subprocess.run([str(PYTHON), "-c", _SCORE], input=json.dumps(replies), capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ENVS)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    words, scores = out["words"], out["scores"]
+    assert len(words) == 48 and len(scores) == 48
+    palindromes = sum(w == w[::-1] for w in words)
+    assert 0 < palindromes < 48  # the word echoed scores on palindromes only
+    for word, per_reply in zip(words, scores, strict=True):
+        (const3, const2, echoed, same, spaced) = [s["reward"] for s in per_reply]
+        assert all(set(s) == {"exact"} for s in (const3, const2, echoed, same, spaced))  # the only reward
+        assert const3["exact"] == float(word == "bcb") and const2["exact"] == float(word == "ba")
+        assert echoed["exact"] == 0.0
+        assert same["exact"] == spaced["exact"] == float(word == word[::-1])
+        # partial similarity is recorded as a metric, never paid: the constant "bcb" is close to most reversals
+        metric = per_reply[0]["metric"]["similarity"]
+        assert metric == pytest.approx(SequenceMatcher(None, "bcb", word[::-1]).ratio())
+    assert sum(per_reply[0]["metric"]["similarity"] >= 0.5 for per_reply in scores) >= 16  # 22 of the 48
+    assert sum(per_reply[0]["reward"]["exact"] for per_reply in scores) <= 2
+
+
 @pytest.mark.slow
-def test_verifiers_clients_drive_the_endpoint(tokenizer, monkeypatch) -> None:
+def test_verifiers_clients_drive_the_endpoint(tokenizer, monkeypatch, task) -> None:
     model = build_model(tokenizer, "tiny", seed=0)
-    task = _task()
     streamed, generated = [], []
     monkeypatch.setattr(openai_api, "_chunks", _spy(openai_api._chunks, streamed))
     monkeypatch.setattr(openai_api, "_generate_tokens", _spy(openai_api._generate_tokens, generated))
@@ -82,8 +137,9 @@ def test_verifiers_clients_drive_the_endpoint(tokenizer, monkeypatch) -> None:
         assert e["ok"], e["errors"]
         reply = e["messages"][-1]["content"] or ""
         assert e["messages"][0] == {"role": "user", "content": task.tasks[e["idx"]]["prompt"]}
-        expected = SequenceMatcher(None, reply.strip(), answers[e["idx"]]).ratio()
-        assert e["rewards"]["similarity"] == pytest.approx(expected)
+        assert e["rewards"] == {"exact": float(reply.strip() == answers[e["idx"]])}
+        assert e["metrics"]["similarity"] == pytest.approx(SequenceMatcher(None, reply.strip(),
+                                                                           answers[e["idx"]]).ratio())
     for e in trained:
         k = e["sampled_mask"].index(True)
         prompt, completion = e["token_ids"][:k], e["token_ids"][k:]
@@ -115,14 +171,16 @@ def test_grpo_steps_through_feedbackrl_train(tmp_path: Path) -> None:
     assert [m["step"] for m in rl] == [1, 2] and [s for s, _ in episodes] == [1] * 8 + [2] * 8
     for m in rl:
         rewards = [r.reward for s, r in episodes if s == m["step"]]
-        # the rewards verifiers computed are the ones trained on, and they are its similarity ratio
+        # the rewards verifiers computed are the ones trained on: 1 for the exact reversal, else 0
         assert m["reward/mean"] == pytest.approx(sum(rewards) / 8)
         assert m["rollout/logprob_gap_max"] < 1e-4  # the masked tokens are exactly the ones the policy sampled
         assert 0 < m["rollout/len_mean"] <= 6 and m["episode/end/error"] == 0.0
     for _, r in episodes:
         word = r.prompt[:-1]
         reply = (r.messages[-1]["content"] or "").strip()
-        assert r.reward == pytest.approx(SequenceMatcher(None, reply, word[::-1]).ratio())
-        assert r.verdict.details["rewards"] == {"similarity": pytest.approx(r.reward)}
+        assert r.reward == float(reply == word[::-1])
+        assert r.verdict.details["rewards"] == {"exact": r.reward}
+        assert r.verdict.details["metrics"] == {"similarity": pytest.approx(SequenceMatcher(None, reply,
+                                                                                           word[::-1]).ratio())}
     before = json.loads((out / "eval_before.json").read_text())
     assert before["n"] == 4 and 0.0 <= before["accuracy"] <= 1.0

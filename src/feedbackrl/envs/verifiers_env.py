@@ -3,10 +3,11 @@
 `[task] name = "verifiers"`, `options.env` = the environment's module name (its taskset id, as
 ``vf-eval`` takes it). `verifiers` pins openai, mcp, pydantic and numpy versions that differ from
 ours, so it lives in its own virtualenv (`options.python`, default ``.venv-verifiers/bin/python``;
-docs/agents.md says how to make it) and never in this process: each call runs
-`verifiers_driver.py` there as a subprocess, which loads the environment by name, plays its
-episodes with its own machinery (its harness program in the local subprocess runtime, its
-interception server, its rewards) against the policy's loopback endpoint, and prints the traces.
+docs/agents.md says how to make it) and never in this process: `verifiers_driver.py` runs there as
+one long-lived subprocess per task (started on first use, ended by `close()` or at exit), which
+loads the environment by name once, plays each step's episodes with its own machinery (its harness
+program in the local subprocess runtime, its interception server, its rewards) against the policy's
+loopback endpoint, and answers with the traces (one JSON line per request).
 
 Tokens: verifiers' training client tokenizes on its side (the tokenizer in `tokenizer_dir`, which
 must carry a chat template) and calls vLLM's token-in/token-out route on our server, so each trace
@@ -31,8 +32,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import subprocess
+import tempfile
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +74,7 @@ class VerifiersTask(ExternalTask):
     timeout_s: float = 900.0  # wall-clock limit for one driver call
     name: str = "verifiers"
     _tasks: list[dict[str, Any]] | None = field(default=None, init=False, repr=False)
+    _driver: _Driver | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.env:
@@ -89,23 +95,27 @@ class VerifiersTask(ExternalTask):
         return str(exe)
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        # every request names the agent config, so `list` and `run` share the driver's one loaded environment
         req = {"env": self.env, "taskset": self.taskset, "path": [str(Path(p).resolve()) for p in self.path],
-               **request}
-        exe = self._python()
-        # the harness program is a uv script: uv (installed in the same virtualenv) must be on PATH, else
-        # verifiers falls back to `pip install --user uv`
-        env = {**os.environ, "PATH": f"{Path(exe).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+               "harness": self.harness, "max_turns": self.max_turns, **request}
+        if self._driver is None or not self._driver.alive():
+            self._driver = _Driver(self._python())
         try:
-            proc = subprocess.run([exe, str(DRIVER)], input=json.dumps(req), capture_output=True, text=True,
-                                  timeout=self.timeout_s, env=env)
-        except subprocess.TimeoutExpired as e:
-            raise VerifiersError(f"verifiers: the driver ran past {self.timeout_s} s ({request['command']})") from e
-        if proc.returncode != 0:
-            raise VerifiersError(f"verifiers: the driver failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        lines = proc.stdout.strip().splitlines()
-        if not lines:
-            raise VerifiersError(f"verifiers: the driver printed nothing:\n{proc.stderr[-3000:]}")
-        return json.loads(lines[-1])
+            out = self._driver.ask(req, self.timeout_s)
+        except VerifiersError:
+            self.close()
+            raise
+        if "error" in out:
+            err = self._driver.stderr_tail()
+            self.close()  # a failed request may leave the environment half set up: the next call starts afresh
+            raise VerifiersError(f"verifiers: the driver failed ({request['command']}): {out['error']}\n{err}")
+        return out
+
+    def close(self) -> None:
+        """End the driver process (the next call starts a new one)."""
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
 
     @property
     def tasks(self) -> list[dict[str, Any]]:
@@ -157,7 +167,8 @@ class VerifiersTask(ExternalTask):
 
     def _episode(self, problem: Problem, e: dict[str, Any]) -> ExternalEpisode:
         reward = float(e["reward"]) if e["ok"] else 0.0
-        evidence = {"rewards": e["rewards"], "raw_reward": e["reward"], "stop_condition": e["stop_condition"],
+        evidence = {"rewards": e["rewards"], "metrics": e.get("metrics", {}), "raw_reward": e["reward"],
+                    "stop_condition": e["stop_condition"],
                     "errors": e["errors"], "branches": e["branches"]}
         score = min(1.0, max(0.0, reward))
         if not e["ok"]:
@@ -173,3 +184,66 @@ class VerifiersTask(ExternalTask):
                                verdict=verdict, reward=reward)
         return ExternalEpisode(e["token_ids"], e["sampled_mask"], e["logprobs"], reward, record)
 
+
+
+class _Driver:
+    """The driver subprocess: one JSON request line in, one JSON answer line out. Its answers are read
+    on a thread (so a call can time out); its stderr goes to a temporary file, quoted when it fails."""
+
+    def __init__(self, exe: str) -> None:
+        # the harness program is a uv script: uv (installed in the same virtualenv) must be on PATH, else
+        # verifiers falls back to `pip install --user uv`
+        env = {**os.environ, "PATH": f"{Path(exe).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        # closed by `_stop`, with the process
+        self._stderr = tempfile.TemporaryFile(mode="w+", prefix="feedbackrl-verifiers-")  # noqa: SIM115
+        self._proc = subprocess.Popen([exe, str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._stderr, text=True, env=env, bufsize=1)
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="feedbackrl-verifiers-driver").start()
+        self._finalizer = weakref.finalize(self, _stop, self._proc, self._stderr)
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._answers.put(line)
+        self._answers.put(None)  # the driver exited
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def ask(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(req) + "\n")
+            self._proc.stdin.flush()
+            line = self._answers.get(timeout=timeout_s)
+        except BrokenPipeError:
+            line = None
+        except queue.Empty as e:
+            raise VerifiersError(f"verifiers: the driver ran past {timeout_s} s ({req['command']})") from e
+        if line is None:
+            self._proc.wait(timeout=30)
+            raise VerifiersError(f"verifiers: the driver failed (exit {self._proc.returncode}):\n"
+                                 f"{self.stderr_tail()}")
+        return json.loads(line)
+
+    def stderr_tail(self, n: int = 3000) -> str:
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read()[-n:]
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop(proc: subprocess.Popen, stderr: Any) -> None:
+    """Close the driver's stdin (it tears its environments down and exits); kill it if it does not."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()
+    finally:
+        stderr.close()

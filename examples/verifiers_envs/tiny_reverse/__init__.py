@@ -1,10 +1,14 @@
 """tiny-reverse: a `verifiers` v1 environment the tiny character-level model can play.
 
 Written in verifiers' own API (a `Taskset` of `Task`s with a `@vf.reward`), loaded by module name
-(`tiny_reverse`) from the directory above this one. One turn: the prompt is a short word followed
-by ``=`` (letters from a small alphabet), the answer is the word reversed. The reward is the
-similarity ratio (difflib) between the reply and the reversal: 1.0 when exact, partial credit
-otherwise, so even an untrained policy's rewards vary within a group.
+(`tiny_reverse`) from the directory above this one (`options.path = ["examples/verifiers_envs"]`).
+One turn: the prompt is a short word followed by ``=`` (letters from a small alphabet), the answer
+is the word reversed.
+
+Reward: 1.0 for the exact reversal (surrounding whitespace ignored), else 0.0. No partial credit:
+a similarity reward pays answers that never reverse anything (a constant 3-letter answer scores
+0.57-0.86 against 2-4 letter reversals over "abc", and a policy trained on it converges to one).
+The difflib similarity to the reversal is recorded as a `@vf.metric` (logged, never rewarded).
 """
 
 import random
@@ -24,9 +28,12 @@ class TinyReverseTask(vf.Task[TinyReverseData]):
         return trace.num_turns >= 1
 
     @vf.reward(weight=1.0)
+    async def exact(self, trace: vf.Trace) -> float:
+        return float((trace.last_reply or "").strip() == self.data.answer)
+
+    @vf.metric
     async def similarity(self, trace: vf.Trace) -> float:
-        reply = (trace.last_reply or "").strip()
-        return SequenceMatcher(None, reply, self.data.answer).ratio()
+        return SequenceMatcher(None, (trace.last_reply or "").strip(), self.data.answer).ratio()
 
 
 class TinyReverseConfig(vf.TasksetConfig):
