@@ -30,6 +30,7 @@ def test_calculator_tool_beats_sft_and_the_no_tool_arm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # SFT, GRPO and two evaluations: 585 s at load ~8 on the shared 2-core CPU
 def test_guess_grpo_wins_more_games_in_fewer_moves(tmp_path: Path) -> None:
     report = run(load_config(RECIPES / "guess_grpo.toml"), tmp_path / "guess")
     before, after = report["eval_before"], report["eval_after"]
