@@ -5,8 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedbackrl-installed
 TEST_STAMP := $(VENV)/.feedbackrl-test-extras
+# `verifiers` (task.name = "verifiers") lives in its own virtualenv: its pins (openai, mcp, pydantic,
+# numpy) differ from ours. It needs no torch; uv runs its harness programs. ~40 s, one pip install.
+VF_VENV ?= .venv-verifiers
+VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
 
-.PHONY: setup demo test test-all lint bench smollm2
+.PHONY: setup demo test test-all lint bench smollm2 verifiers-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,15 +26,22 @@ $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,feedback,ray,gguf,lora,agents]'
 	touch $(TEST_STAMP)
 
+$(VF_STAMP):
+	test -x $(VF_VENV)/bin/python || python3 -m venv $(VF_VENV)
+	$(VF_VENV)/bin/python -m pip install -q 'verifiers==0.4.0' 'uv>=0.9'
+	touch $(VF_STAMP)
+
+verifiers-venv: $(VF_STAMP)
+
 demo: setup
 	$(VENV)/bin/feedbackrl demo --out runs/demo
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
-test-all: $(TEST_STAMP)
+test-all: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"
 
 lint: setup

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from feedbackrl.config import build_config
-from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, render_plain
+from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, Turn, render_plain
 from feedbackrl.envs.tools import Toolbox, ToolCall, calculator
 from feedbackrl.log import MemorySink
 from feedbackrl.models.tiny import build_model, build_tokenizer
@@ -40,10 +40,10 @@ class FixedShapeEnv:
     def reset(self) -> list[Message]:
         return [{"role": "user", "content": self.problem.prompt}]
 
-    def step(self, turn: str) -> StepResult:
+    def step(self, turn: Turn) -> StepResult:
         self.turns += 1
         if self.turns == TURNS:
-            score = min(len(turn), TURN_TOKENS) / TURN_TOKENS  # any signal: the benchmark times, it does not learn
+            score = min(len(turn.text), TURN_TOKENS) / TURN_TOKENS  # any signal: the benchmark times, it does not learn
             return StepResult([], True, Verdict(score, score == 1.0, "fixed shape"))
         res = self.box.call(ToolCall("calc", str(self.problem.answer)))
         return StepResult([{"role": "tool", "content": res.content}], False, tool_calls=1, tool_errors=int(not res.ok))

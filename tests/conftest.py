@@ -149,3 +149,45 @@ def smol_lm(smol_tokenizer):
                 p.normal_(0.0, 0.3, generator=gen)
     model.generation_config.eos_token_id = [0, 2]
     return model.eval()
+
+
+# --- a tokenizer whose chat template offers tools (Qwen2.5-like syntax) ------------------------------------------
+
+TOOL_TEMPLATE = (  # written for the tests in the style of Qwen2.5's tool-calling template (ChatML + Hermes tags)
+    "{%- if tools %}{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\nCall a function by writing its name and arguments as JSON inside <tool_call></tool_call>:\n"
+    "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>\nFunctions:\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}{{- '\n</tools><|im_end|>\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- elif message.role == 'assistant' and not message.tool_calls %}"
+    "{{- '<|im_start|>assistant\n' + message.content + '<|im_end|>\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}{{- '\n<tool_call>\n{\"name\": \"' + call.function.name"
+    " + '\", \"arguments\": ' + (call.function.arguments | tojson) + '}\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
+
+
+def build_tool_chat_tokenizer():
+    """SmolLM2-like byte-level BPE (trained here) with `TOOL_TEMPLATE`, and <tool_call> tags as added tokens."""
+    tok = build_smol_tokenizer()
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    tok.chat_template = TOOL_TEMPLATE
+    tok.name_or_path = "local/tool-chat"
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tool_chat_tokenizer():
+    return build_tool_chat_tokenizer()

@@ -65,6 +65,12 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     min_new_tokens: int = Field(0, ge=0, description="EOS suppressed for this many tokens (as HF generate)")
     truncated_fails: bool = Field(False, description="score completions cut off by max_new_tokens as failed (0)")
+    backend: Literal["native", "vllm"] = Field("native", description=(
+        "what samples the training rollouts: our own decoder (native), or vLLM on the learner's GPU (the vllm "
+        "extra, CUDA only; grpo and rloo; docs/scale.md)"))
+    vllm_memory: float = Field(0.3, gt=0, lt=1, description=(
+        "backend = vllm: fraction of the GPU's memory vLLM takes for its weights and KV cache (the learner "
+        "needs the rest)"))
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RolloutConfig:
@@ -321,6 +327,13 @@ class RunConfig(Section):
         if self.scale.uses_ray and a.name not in ("grpo", "rloo"):
             raise ValueError(f"scale.rollout_workers / scale.reward_workers work with algo.name grpo and rloo so far, "
                              f"not {a.name!r}")
+        if self.rollout.backend == "vllm" and a.name not in ("grpo", "rloo"):
+            raise ValueError(f"rollout.backend = 'vllm' samples the rollouts of grpo and rloo so far, not "
+                             f"algo.name = {a.name!r}; use rollout.backend = 'native'")
+        if self.rollout.backend == "vllm" and self.scale.uses_ray:
+            raise ValueError(f"rollout.backend = 'vllm' runs without Ray workers so far: set scale.rollout_workers = 0 "
+                             f"and scale.reward_workers = 0 (got {self.scale.rollout_workers} and "
+                             f"{self.scale.reward_workers})")
         if a.name == "grpo" and a.scale_advantages and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 for group-normalised advantages")
         if a.name == "rloo" and self.rollout.group_size < 2:

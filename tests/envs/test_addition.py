@@ -1,11 +1,13 @@
 import random
 import re
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedbackrl.envs.base import Demonstrates, Task
+from feedbackrl.envs.calculator import CalculatorAdditionTask
 from feedbackrl.envs.procedural.addition import AdditionTask, no_carry_sum
 from feedbackrl.rewards.verdict import Problem
 
@@ -180,3 +182,18 @@ def test_bad_options_are_rejected(kwargs, match):
 def test_addition_is_a_task_that_demonstrates():
     task = AdditionTask()
     assert isinstance(task, Task) and isinstance(task, Demonstrates)
+
+
+@pytest.mark.parametrize("task", [AdditionTask(digits=2), AdditionTask(digits=4), CalculatorAdditionTask()],
+                         ids=["addition-2", "addition-4", "calculator"])
+def test_heldout_split_does_not_select_on_the_answer(task):
+    """Held-out and training sums end in every digit: a split that depends on the operands' last digits
+    only (as a linear hash mod 10 does) would hold out one final digit, which a policy can learn to avoid."""
+    held = task.heldout(500)
+    rng = random.Random(0)
+    train = [task.sample(rng) for _ in range(2000)]
+    for name, problems in (("held-out", held), ("training", train)):
+        last = Counter((p.meta["a"] + p.meta["b"]) % 10 for p in problems)
+        assert sorted(last) == list(range(10)), f"{name} sums end only in {sorted(last)}"
+        assert min(last.values()) >= 0.04 * len(problems), f"{name} last digits skewed: {dict(last)}"
+    assert not {p.prompt for p in held} & {p.prompt for p in train}

@@ -10,10 +10,19 @@ import pytest
 
 from feedbackrl.envs.calculator import CalculatorAdditionTask
 from feedbackrl.envs.guess import GuessNumberTask
-from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodeRecord, demo_transcript, episode_stats
+from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodeRecord, Turn, demo_conversation, episode_stats
 from feedbackrl.envs.registry import TASKS
-from feedbackrl.models.tiny import EOS
+from feedbackrl.envs.tools import ToolCall
+from feedbackrl.envs.turn_format import MinimalFormat
+from feedbackrl.models.tiny import build_tokenizer
 from feedbackrl.rewards.verdict import Verdict, fail
+
+MINIMAL = MinimalFormat(build_tokenizer(), lambda messages: "")
+
+
+def _turn(text: str) -> Turn:
+    """A turn parsed as the runner parses it for the tiny model (the minimal format)."""
+    return MINIMAL.parse(text, [])
 
 
 def _calc_env(tools: bool = True, a: int = 4821, b: int = 377):
@@ -26,11 +35,11 @@ def _calc_env(tools: bool = True, a: int = 4821, b: int = 377):
 def test_calculator_episode_tool_then_answer() -> None:
     task, env = _calc_env()
     assert env.reset() == [{"role": "user", "content": "4821+377="}]
-    r = env.step("calc(4821+377)")
+    r = env.step(_turn("calc(4821+377)"))
     assert (r.done, r.tool_calls, r.tool_errors) == (False, 1, 0)
     assert r.observation == [{"role": "tool", "content": "5198"}]
     assert task.render(r.observation) == "=5198\n"
-    end = env.step("5198")
+    end = env.step(_turn("5198"))
     assert end.done and end.verdict.passed and end.verdict.score == 1.0
 
 
@@ -42,10 +51,10 @@ def test_calculator_episode_tool_then_answer() -> None:
 ], ids=["malformed", "unknown", "power-tower", "name"])
 def test_calculator_bad_calls_are_observations(turn: str, error: str) -> None:
     _, env = _calc_env()
-    r = env.step(turn)
+    r = env.step(_turn(turn))
     assert not r.done and (r.tool_calls, r.tool_errors) == (1, 1)
     assert r.observation[0]["role"] == "tool" and r.observation[0]["content"].startswith(error)
-    assert env.step("5198").verdict.passed  # the episode goes on
+    assert env.step(_turn("5198")).verdict.passed  # the episode goes on
 
 
 @pytest.mark.parametrize("answer, passed", [
@@ -55,13 +64,13 @@ def test_calculator_bad_calls_are_observations(turn: str, error: str) -> None:
         "split"])
 def test_calculator_final_answers(answer: str, passed: bool) -> None:
     _, env = _calc_env()
-    r = env.step(answer)
+    r = env.step(_turn(answer))
     assert r.done and r.verdict.passed is passed and r.verdict.score == float(passed)
 
 
 def test_no_tool_arm_refuses_the_calculator() -> None:
     _, env = _calc_env(tools=False)
-    r = env.step("calc(4821+377)")
+    r = env.step(_turn("calc(4821+377)"))
     assert r.observation[0]["content"] == "error: unknown tool calc; tools: none" and r.tool_errors == 1
 
 
@@ -71,16 +80,35 @@ def test_calculator_demonstrations_replay_through_the_env() -> None:
     for _ in range(40):
         p = task.sample(rng)
         demo = task.demonstrate(p, rng)
-        turns = demo.split(EOS)
         env = task.make_env(p)
-        if len(turns) == 1:  # the sloppy teacher guessed without the tool
+        if len(demo) == 1:  # the sloppy teacher guessed without the tool
             kinds.add("guess")
+            assert demo == [{"role": "assistant", "content": str(p.meta["a"])}]
             continue
         kinds.add("tool")
-        r = env.step(turns[0])
-        assert turns[1] == task.render(r.observation) + p.answer  # the observation, then the copied answer
-        assert env.step(p.answer).verdict.passed
+        call, result, answer = demo
+        turn = MINIMAL.write([], call)
+        assert turn == f"calc({p.meta['a']}+{p.meta['b']})"
+        r = env.step(_turn(turn))
+        assert [result] == r.observation  # the observation the environment gives, then the copied answer
+        assert answer == {"role": "assistant", "content": p.answer}
+        assert env.step(_turn(answer["content"])).verdict.passed
     assert kinds == {"guess", "tool"}
+
+
+def test_calculator_answers_every_call_of_a_turn_and_checks_json_arguments() -> None:
+    _, env = _calc_env()
+    turn = Turn("two calls", (ToolCall("calc", {"expression": "1+2"}), ToolCall("calc", {"expression": 3}),
+                              ToolCall("calc", {"expr": "1"}), ToolCall("calc", {})))
+    r = env.step(turn)
+    assert not r.done and (r.tool_calls, r.tool_errors) == (4, 3)
+    assert [m["content"] for m in r.observation] == [
+        "3", "error: calc argument 'expression' must be a string, got int",
+        "error: calc got unexpected argument(s) ['expr']; it takes 'expression' only",
+        "error: calc needs the argument 'expression'"]
+    r = env.step(Turn('<tool_call>{"name": "calc"', error="malformed tool call: not valid JSON"))
+    assert r.observation == [{"role": "tool", "content": "error: malformed tool call: not valid JSON"}]
+    assert env.step(_turn("5198")).verdict.passed  # the episode goes on
 
 
 def test_calculator_heldout_is_disjoint_and_stable() -> None:
@@ -104,7 +132,7 @@ def test_guess_game_feedback_and_per_turn_rewards() -> None:
              ("abc", "invalid", -1.0), ("99", "invalid", -1.0),
              ("20", None, -3 / 7)]  # 17..23: 17..19 or 21..23 would be left, 3 of 7
     for move, feedback, reward in moves:
-        r = env.step(move)
+        r = env.step(_turn(move))
         assert r.reward == reward, move
         if feedback is None:
             assert r.done and r.verdict.passed and r.verdict.details == {"moves": 6}
@@ -115,8 +143,8 @@ def test_guess_game_feedback_and_per_turn_rewards() -> None:
 def test_guess_move_reward_prefers_bisection_and_the_last_number_scores_zero() -> None:
     env = GuessNumberTask(hi=31).make_env(GuessNumberTask(hi=31)._problem(5))
     assert [env.move_reward(g) for g in (16, 8, 1, 31)] == [-15 / 31, -23 / 31, -30 / 31, -30 / 31]
-    env.step("6")  # lower: 1..5 left
-    env.step("4")  # higher: 5 left
+    env.step(Turn("6"))  # lower: 1..5 left
+    env.step(Turn("4"))  # higher: 5 left
     assert (env.low, env.high) == (5, 5)
     assert env.move_reward(5) == 0.0 and env.move_reward(4) == -1.0
 
@@ -134,14 +162,15 @@ def test_guess_demonstrations_replay_and_binary_search_is_short() -> None:
         task = GuessNumberTask(hi=31, demo_noise=noise, max_turns=6)
         for secret in range(1, 32):
             p = task._problem(secret)
-            turns = task.demonstrate(p, rng).split(EOS)
+            demo = task.demonstrate(p, rng)
             env, n = task.make_env(p), 0
-            for i, chunk in enumerate(turns):
-                move = chunk.split("\n")[-1]  # after the previous observation line
-                r = env.step(move)
+            for i, message in enumerate(demo):
+                if message["role"] != "assistant":
+                    continue
+                r = env.step(_turn(message["content"]))
                 n += 1
-                if i + 1 < len(turns):
-                    assert turns[i + 1].startswith(task.render(r.observation))
+                if i + 1 < len(demo):
+                    assert demo[i + 1 : i + 1 + len(r.observation)] == r.observation  # the game's real feedback
             assert n <= worst
             if noise == 0.0:
                 assert r.done and r.verdict.passed  # binary search always wins within 5 moves
@@ -180,5 +209,5 @@ def test_limits_and_transcript_helpers_reject_bad_input() -> None:
     with pytest.raises(ValueError, match="tool_timeout_s"):
         EpisodeLimits(tool_timeout_s=0)
     with pytest.raises(ValueError, match="2 turns need 1"):
-        demo_transcript(["a", "b"], [], EOS)
+        demo_conversation(["a", "b"], [])
     assert TASKS["calculator_addition"] is CalculatorAdditionTask and TASKS["guess_number"] is GuessNumberTask

@@ -149,6 +149,28 @@ def test_asynchronous_resume_is_bit_exact(tiny_model_dir, tmp_path):
     shutil.rmtree(tmp_path)
 
 
+@pytest.mark.slow
+def test_synchronous_resume_is_bit_exact(tiny_model_dir, tmp_path):
+    # 2 steps with a checkpoint, then a resume to 4, against 4 steps in one go: the restored generator states and
+    # the resumed weights sent to the workers must give the same rows, losses and parameters
+    cfg = config(4, rollout_workers=2)
+    want, want_rows, _ = run(tiny_model_dir, tmp_path / "full", cfg, 2)
+    half = cfg.model_copy(deep=True)
+    half.algo.steps = 2
+    run(tiny_model_dir, tmp_path / "half", half, 2)
+    ckpt = resolve_resume(tmp_path / "half")
+    got, rows, scored = run(ckpt, tmp_path / "half", cfg, 2, resume_from=ckpt)
+    assert_same_parameters(got, want)
+    for step in (3, 4):
+        for key in KEYS:
+            assert rows[step][key] == want_rows[step][key], (step, key)
+        assert rows[step]["scale/staleness_max"] == 0
+    assert sorted(rows) == [3, 4] and scored == 2 * 12  # the resumed run trained (and scored) steps 3 and 4 only
+    assert want_rows[3]["reward/mean"] != want_rows[4]["reward/mean"] or want_rows[3]["loss/policy"] != \
+        want_rows[4]["loss/policy"]  # steps 3 and 4 are not one row repeated
+    shutil.rmtree(tmp_path)
+
+
 def test_reward_pool_gives_the_task_verdicts_in_order():
     task = AdditionTask(digits=2)
     rng = random.Random(0)

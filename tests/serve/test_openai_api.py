@@ -137,3 +137,16 @@ def test_token_in_token_out_generate(model, tokenizer) -> None:
     assert again["token_ids"] == [stop] and again["finish_reason"] == "stop"
     assert client.post("/inference/v1/generate", json={"token_ids": []}).status_code == 422
     assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 512
+
+
+def test_sampling_it_cannot_honour_is_refused_not_ignored(model, tokenizer) -> None:
+    client = TestClient(create_app(model, tokenizer))
+    prompt = tokenizer("12+30=", add_special_tokens=False)["input_ids"]
+    r = client.post("/inference/v1/generate", json={"token_ids": prompt, "sampling_params": {"top_k": 5}})
+    assert r.status_code == 400 and "top_k" in r.json()["detail"]
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2, "stream": True})
+    assert r.status_code == 400 and "'n': 2" in r.json()["detail"]
+    # the values that mean "off" (as vLLM clients send them) are accepted
+    off = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "n": 1, "max_tokens": 3, "seed": 1}
+    assert client.post("/inference/v1/generate", json={"token_ids": prompt, "sampling_params": off}).status_code == 200
+    assert client.post("/v1/chat/completions", json={"messages": MESSAGES, **off}).status_code == 200

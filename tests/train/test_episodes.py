@@ -14,7 +14,7 @@ import torch
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.config import RolloutConfig, build_config
 from feedbackrl.envs.calculator import CalculatorAdditionTask
-from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, render_plain
+from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, Turn, render_plain
 from feedbackrl.log import MemorySink
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.tiny import build_model
@@ -33,7 +33,7 @@ class EchoEnv:
     def reset(self) -> list[Message]:
         return [{"role": "user", "content": self.problem.prompt}]
 
-    def step(self, turn: str) -> StepResult:
+    def step(self, turn: Turn) -> StepResult:
         self.n += 1
         if self.n == self.raise_at:
             raise RuntimeError("environment bug")

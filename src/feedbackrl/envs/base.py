@@ -64,6 +64,7 @@ class Task(Protocol):
 
 @runtime_checkable
 class Demonstrates(Protocol):
-    """Tasks that can write a demonstration (used for SFT warm starts)."""
+    """Tasks that can write a demonstration (used for SFT warm starts): a completion string, or for
+    episodic tasks the conversation after the prompt (`envs/multi_turn.py:demo_conversation`)."""
 
-    def demonstrate(self, problem: Problem, rng: random.Random) -> str: ...
+    def demonstrate(self, problem: Problem, rng: random.Random) -> str | list[dict[str, Any]]: ...

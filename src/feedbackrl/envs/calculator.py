@@ -1,11 +1,15 @@
 """Multi-digit addition with a calculator tool: a tool teaches what the weights could not.
 
 The policy sees ``"4821+377="``. With the tool it may call ``calc(4821+377)``, read ``=5198``,
-and answer ``5198``; any turn that is not a tool call is its final answer. A whole episode reads
-(EOS written as ⏎):
+and answer ``5198``; any turn that is not a tool call is its final answer. A whole episode in the
+minimal format reads (EOS written as ⏎):
 
     4821+377=calc(4821+377)⏎=5198
     5198⏎
+
+With a chat template the same episode is the template's rendering of the conversation, the tool
+offered as `CALC` (one string parameter, ``expression``) and called in the template's syntax
+(`envs/turn_format.py`); every call in a turn is answered with its own tool message.
 
 The verdict is the final answer's exactness; the calculator's output is never judged. With
 `tools = false` (the no-tool arm of the comparison) the same prompts must be answered directly: a
@@ -14,7 +18,8 @@ tool call gets ``=error: unknown tool calc; tools: none`` and counts as a wasted
 `demonstrate` is a sloppy teacher: with probability `demo_noise` it skips the tool and guesses,
 writing the first operand as its estimate of the sum (a consistent habit the tiny model learns
 easily, so after SFT greedy decoding mostly guesses), otherwise it calls the tool and copies the
-result. Operands have `min_digits`..`max_digits` digits; held-out
+result. Demonstrations are conversations (`demo_conversation`): SFT trains on the teacher's turns,
+not on the calculator's output. Operands have `min_digits`..`max_digits` digits; held-out
 problems are a fixed hash-selected ~10% of pairs, never drawn for training.
 """
 
@@ -22,23 +27,28 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from feedbackrl.envs.multi_turn import (
     EpisodeLimits,
     EpisodicTask,
     Message,
     StepResult,
-    demo_transcript,
+    Turn,
+    demo_conversation,
     render_plain,
     sample_heldout,
 )
-from feedbackrl.envs.tools import Toolbox, ToolCall, calculator, parse_tool_call
-from feedbackrl.models.tiny import EOS
+from feedbackrl.envs.procedural.addition import is_heldout_pair
+from feedbackrl.envs.tools import Toolbox, ToolSpec, calculator
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
+
+CALC = ToolSpec("calc", "Integer arithmetic: + - * // % ** and parentheses.", "expression",
+                "an integer expression, e.g. 4821+377")
 
 
 def _is_heldout(p: Problem) -> bool:
-    return (p.meta["a"] * 7919 + p.meta["b"] * 104729 + 13) % 10 == 0
+    return is_heldout_pair(p.meta["a"], p.meta["b"])
 
 
 def judge_answer(problem: Problem, answer: str) -> Verdict:
@@ -62,14 +72,15 @@ class CalculatorEnv:
     def reset(self) -> list[Message]:
         return [{"role": "user", "content": self.problem.prompt}]
 
-    def step(self, turn: str) -> StepResult:
-        call = parse_tool_call(turn)
-        if call is None:
-            return StepResult([], True, judge_answer(self.problem, turn))
-        result = self.toolbox.call(call) if isinstance(call, ToolCall) else None
-        content = result.content if result is not None else f"error: {call}"
-        ok = result is not None and result.ok
-        return StepResult([{"role": "tool", "content": content}], False, tool_calls=1, tool_errors=int(not ok))
+    def step(self, turn: Turn) -> StepResult:
+        if turn.error is not None:
+            return StepResult([{"role": "tool", "content": f"error: {turn.error}"}], False, tool_calls=1,
+                              tool_errors=1)
+        if not turn.calls:
+            return StepResult([], True, judge_answer(self.problem, turn.text))
+        results = [self.toolbox.call(call) for call in turn.calls]
+        return StepResult([{"role": "tool", "content": r.content} for r in results], False,
+                          tool_calls=len(results), tool_errors=sum(not r.ok for r in results))
 
     def close(self) -> None:
         return None
@@ -90,6 +101,7 @@ class CalculatorAdditionTask(EpisodicTask):
     tool_call_penalty: float = 0.0
     turn_penalty: float = 0.0
     turn_credit: float = 0.0
+    turn_format: str = "auto"
     name: str = "calculator_addition"
     limits: EpisodeLimits = field(init=False)
 
@@ -118,16 +130,21 @@ class CalculatorAdditionTask(EpisodicTask):
         return judge_answer(problem, completion)
 
     def make_env(self, problem: Problem) -> CalculatorEnv:
-        return CalculatorEnv(problem, Toolbox({"calc": calculator} if self.tools else {}, self.tool_timeout_s))
+        return CalculatorEnv(problem, Toolbox({"calc": calculator} if self.tools else {}, self.tool_timeout_s,
+                                              specs=[CALC]))
 
     def render(self, messages: list[Message]) -> str:
         return render_plain(messages)
 
-    def demonstrate(self, problem: Problem, rng: random.Random) -> str:
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [CALC.schema()] if self.tools else []
+
+    def demonstrate(self, problem: Problem, rng: random.Random) -> list[Message]:
         a, b = problem.meta["a"], problem.meta["b"]
         if rng.random() < self.demo_noise:
-            return str(a)  # skips the tool and guesses
+            return demo_conversation([str(a)], [])  # skips the tool and guesses
         if not self.tools:
-            return str(a + b)
-        return demo_transcript([f"calc({a}+{b})", str(a + b)], [render_plain([{"role": "tool",
-                                                                               "content": str(a + b)}])], EOS)
+            return demo_conversation([str(a + b)], [])
+        call = {"type": "function", "function": {"name": CALC.name, "arguments": {CALC.parameter: f"{a}+{b}"}}}
+        return demo_conversation([{"role": "assistant", "content": "", "tool_calls": [call]}, str(a + b)],
+                                 [[{"role": "tool", "content": str(a + b)}]])

@@ -25,8 +25,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, demo_transcript, render_plain
-from feedbackrl.models.tiny import EOS
+from feedbackrl.envs.multi_turn import (
+    EpisodeLimits,
+    EpisodicTask,
+    Message,
+    StepResult,
+    Turn,
+    demo_conversation,
+    render_plain,
+)
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
 
@@ -40,9 +47,9 @@ class GuessEnv:
     def reset(self) -> list[Message]:
         return [{"role": "user", "content": self.problem.prompt}]
 
-    def step(self, turn: str) -> StepResult:
+    def step(self, turn: Turn) -> StepResult:
         self.moves += 1
-        text = turn.strip()
+        text = turn.text.strip()
         if not text.isdigit() or not 1 <= int(text) <= self.hi:
             return StepResult([{"role": "user", "content": "invalid"}], False, reward=-1.0)
         g = int(text)
@@ -82,6 +89,7 @@ class GuessNumberTask(EpisodicTask):
     turn_penalty: float = 0.0
     tool_call_penalty: float = 0.0
     turn_credit: float = 0.0
+    turn_format: str = "auto"
     name: str = "guess_number"
     limits: EpisodeLimits = field(init=False)
 
@@ -115,13 +123,13 @@ class GuessNumberTask(EpisodicTask):
     def render(self, messages: list[Message]) -> str:
         return render_plain(messages)
 
-    def demonstrate(self, problem: Problem, rng: random.Random) -> str:
+    def demonstrate(self, problem: Problem, rng: random.Random) -> list[Message]:
         secret, lo, hi = problem.meta["secret"], 1, self.hi
         turns, obs = [], []
         while True:
             g = lo + (hi - lo) // 4 if rng.random() < self.demo_noise else (lo + hi) // 2
             turns.append(str(g))
             if g == secret or len(turns) == self.max_turns:
-                return demo_transcript(turns, obs, EOS)
+                return demo_conversation(turns, obs)
             lo, hi = (g + 1, hi) if g < secret else (lo, g - 1)
-            obs.append(render_plain([{"role": "user", "content": "higher" if g < secret else "lower"}]))
+            obs.append([{"role": "user", "content": "higher" if g < secret else "lower"}])

@@ -12,12 +12,13 @@ limit) and records how each episode ended (`END_KINDS`). An episode's "completio
 after the first prompt: the policy's turns interleaved with the environment's messages, with the
 loss mask on the policy's own tokens only.
 
-Transcript format for the tiny character-level model (no chat template, 82 symbols): the prompt
-is the first user message's text; each assistant turn ends with EOS; environment messages follow
-as plain text (`render_plain`): a tool result as ``=RESULT\\n``, a tool error as
-``=error: WHY\\n``, a user message as ``TEXT\\n``. Tool calls are ``name(arguments)`` (see
-`envs/tools.py`). Models with a chat template would render messages with
-`apply_chat_template(..., tools=...)` instead; that format is not implemented yet.
+How an episode becomes text and tokens is the model's `TurnFormat` (`envs/turn_format.py`):
+the minimal format for tokenizers without a chat template (the tiny model: the prompt is the first
+user message's text, each assistant turn ends with EOS, environment messages follow as plain text,
+`render_plain`, and tool calls are ``name(arguments)``, see `envs/tools.py`), the model's own chat
+template otherwise (messages rendered with `apply_chat_template(..., tools=...)`, tool calls in the
+template's syntax). The runner parses each turn with the format into a `Turn` (its text and any tool
+calls) and hands that to `Env.step`, so an environment never depends on the model's syntax.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.tools import ToolCall
 from feedbackrl.rewards.verdict import Problem, Verdict
 
 Message = dict[str, Any]  # {"role": "user" | "assistant" | "tool", "content": str, ...}; JSON-serialisable
@@ -56,6 +58,18 @@ class EpisodeLimits:
             raise ValueError(f"episode limit tool_timeout_s must be > 0, got {self.tool_timeout_s}")
 
 
+TURN_FORMATS = ("auto", "minimal", "chat_template")  # EpisodicTask.turn_format: "auto" = chat template if any
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant turn as the environment receives it, parsed by the model's `TurnFormat`."""
+
+    text: str  # what the policy wrote (decoded; a closing end token left out), tool-call syntax included
+    calls: tuple[ToolCall, ...] = ()  # the tool calls in it, in order
+    error: str | None = None  # why a tool call in it could not be parsed (malformed JSON, unclosed call)
+
+
 @dataclass
 class StepResult:
     """What the environment answers to one assistant turn."""
@@ -79,8 +93,8 @@ class Env(Protocol):
         """The first messages: the prompt the policy answers."""
         ...
 
-    def step(self, turn: str) -> StepResult:
-        """Answer the policy's assistant turn (its decoded text). Never raises on malformed turns."""
+    def step(self, turn: Turn) -> StepResult:
+        """Answer the policy's assistant turn (its text and parsed tool calls). Never raises on malformed turns."""
         ...
 
     def close(self) -> None:
@@ -96,15 +110,21 @@ class EpisodicTask(Task, Protocol):
     tool_call_penalty: float  # subtracted from the trajectory reward per tool call
     turn_penalty: float  # subtracted per assistant turn
     turn_credit: float  # weight of per-turn credit from per-turn rewards (0 = trajectory-level only)
+    turn_format: str = "auto"  # one of TURN_FORMATS: "minimal", "chat_template", or "auto" (by the tokenizer)
 
     def make_env(self, problem: Problem) -> Env:
         """A fresh environment for one episode of `problem`."""
         ...
 
     def render(self, messages: Sequence[Message]) -> str:
-        """The text the policy sees for the environment's messages after a turn (the prompt is the
-        first messages' contents joined, which the first turn continues directly)."""
+        """The minimal format's text for the environment's messages after a turn (the prompt is the
+        first messages' contents joined, which the first turn continues directly). Chat templates
+        render messages themselves."""
         return render_plain(messages)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools episodes may call, as `apply_chat_template(..., tools=...)` takes them (`ToolSpec.schema`)."""
+        return []
 
 
 def render_plain(messages: Sequence[Message]) -> str:
@@ -167,17 +187,19 @@ def episode_stats(records: Sequence[EpisodeRecord]) -> dict[str, float]:
     return out
 
 
-def demo_transcript(turns: Sequence[str], observations: Sequence[str], eos: str) -> str:
-    """A demonstration's completion text: turn, EOS, observation, turn, EOS, ... (for SFT warm starts).
-
-    `eos` is the tokenizer's EOS string (the tiny tokenizer encodes it back to the EOS id).
+def demo_conversation(turns: Sequence[str | Message], observations: Sequence[Sequence[Message]]) -> list[Message]:
+    """A demonstration for SFT: the conversation after the prompt, assistant turns (a string is a plain
+    answer) with the environment's messages between them. SFT encodes it as episodes are encoded, and
+    trains on the assistant turns only.
     """
     if len(observations) != len(turns) - 1:
         raise ValueError(f"{len(turns)} turns need {len(turns) - 1} observations between them, got {len(observations)}")
-    text = ""
+    out: list[Message] = []
     for i, turn in enumerate(turns):
-        text += turn + (eos + observations[i] if i < len(observations) else "")
-    return text
+        out.append({"role": "assistant", "content": turn} if isinstance(turn, str) else dict(turn))
+        if i < len(observations):
+            out.extend(observations[i])
+    return out
 
 
 def sample_heldout(rng: random.Random, n: int, draw: Any, is_heldout: Any) -> list[Problem]:

@@ -8,6 +8,7 @@
 - adaptive_addition, adaptive_reverse, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
 - calculator_addition: `calculator.CalculatorAdditionTask` (episodes with a calculator tool)
 - guess_number: `guess.GuessNumberTask` (episodes: find a hidden number from higher/lower feedback)
+- verifiers: `verifiers_env.VerifiersTask` (a `verifiers` library environment, in its own virtualenv)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from feedbackrl.envs.planted import PlantedReverse
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
+from feedbackrl.envs.verifiers_env import VerifiersTask
 
 TASKS: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
@@ -39,6 +41,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "planted_reverse": PlantedReverse,
     "calculator_addition": CalculatorAdditionTask,
     "guess_number": GuessNumberTask,
+    "verifiers": VerifiersTask,
 }
 
 

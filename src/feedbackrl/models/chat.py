@@ -21,6 +21,28 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _PROBE = "\x00probe\x00"
 
+# The minimal transcript format (docs/agents.md) as a chat template, for clients that render prompts
+# with the tokenizer's own template (verifiers' training client) when the model has none (the tiny
+# model): user and system text as is, an assistant turn (its tool calls as ``name(input)``) closed by
+# EOS, a tool result as ``=RESULT`` and a newline; the generation prompt adds nothing. It renders the
+# same text as `serve/openai_api.py:render_messages` does for a tokenizer without a template.
+MINIMAL_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{- m['content'] or '' -}}"
+    "{%- for c in m.get('tool_calls') or [] -%}"
+    "{%- set a = c['function']['arguments'] -%}"
+    "{{- c['function']['name'] }}({{ (a['input'] if a is mapping else a) if a else '' }})"
+    "{%- endfor -%}"
+    "{{- eos_token -}}"
+    "{%- elif m['role'] == 'tool' -%}"
+    "={{ m['content'] or '' }}{{ '\\n' }}"
+    "{%- else -%}"
+    "{{- m['content'] or '' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
 
 class ChatTemplateError(ValueError):
     """Chat formatting asked for where the tokenizer has no chat template."""

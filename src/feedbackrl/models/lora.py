@@ -72,6 +72,28 @@ def decodable(model: Any) -> PreTrainedModel:
     return model.get_base_model() if is_lora(model) else model
 
 
+def merged_weights(model: Any) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) for every entry of the model's HF checkpoint, with the weights the policy applies.
+
+    A plain model gives its `state_dict()`. A LoRA model gives the names its base model's checkpoint has
+    (`...q_proj.weight`, not peft's `...q_proj.base_layer.weight` and `lora_A`/`lora_B`) with each adapted
+    layer's `effective_weight`: what an inference engine that loads HF checkpoints (vLLM) needs to run
+    the policy, without merging the adapters into the model.
+    """
+    base = decodable(model)
+    adapted = {name: m for name, m in base.named_modules() if is_lora_linear(m)}
+    for name, t in base.state_dict().items():
+        owner, sep, leaf = name.partition(".base_layer.")
+        if sep:
+            name = f"{owner}.{leaf}"
+            if leaf == "weight" and owner in adapted:  # else merged into the base weight already
+                t = effective_weight(adapted[owner])
+        elif any(f".{part}." in name for part in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B",
+                                                  "lora_magnitude_vector")):
+            continue
+        yield name, t.detach()
+
+
 def apply_lora(model: PreTrainedModel, cfg: Any, seed: int = 0) -> PreTrainedModel:
     """`model` with LoRA adapters on `cfg.target_modules` (rank, alpha, dropout from `cfg`, a LoRAConfig).
 

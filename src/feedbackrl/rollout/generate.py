@@ -388,10 +388,18 @@ def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pro
             logits = decoder(tok[:, None], pos)
     finally:
         model.train(was_training)
-    completion_ids, logps = completion_ids[:, : t + 1], logps[:, : t + 1]
-    is_eos = torch.isin(completion_ids, eos).long()
+    return assemble_rollout(tokenizer, prompt_ids, prompt_mask, completion_ids[:, : t + 1], logps[:, : t + 1], eos)
+
+
+def assemble_rollout(tokenizer: PreTrainedTokenizerBase, prompt_ids: Tensor, prompt_mask: Tensor,
+                     completion_ids: Tensor, logprobs: Tensor, eos: Tensor) -> Rollout:
+    """Sampled tokens (N, T), right-padded with the pad id, and their log-probs (N, T) -> the Rollout: the mask
+    (every token up to and including the first end token), the texts, which rows were cut off. Any sampler's
+    tokens (ours, vLLM's: `feedbackrl.scale.vllm_rollout`) become a Rollout here."""
+    pad = tokenizer.pad_token_id
+    is_eos = torch.isin(completion_ids, eos.to(completion_ids.device)).long()
     completion_mask = (torch.cumsum(is_eos, dim=1) - is_eos == 0).long()  # generated before (or is) the first EOS
     texts = tokenizer.batch_decode((completion_ids * completion_mask + pad * (1 - completion_mask)).tolist(),
                                    skip_special_tokens=True)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, logps * completion_mask, texts,
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs * completion_mask, texts,
                    ~is_eos.bool().any(dim=1))

@@ -17,6 +17,9 @@ ended by EOS, tool results as ``=RESULT\\n``). Tool calls are parsed from the co
 minimal format ``name(arguments)`` and returned as OpenAI `tool_calls` with arguments
 ``{"input": "<arguments>"}``; chat-template tool-call formats are not parsed yet.
 
+Sampling parameters the decode loop does not implement (top_k, min_p, penalties, n > 1, ...) are
+refused with HTTP 400 when a request turns them on, never silently ignored.
+
 FastAPI is in the `feedback` extra; this module is a leaf that core code never imports. Requests
 are served one at a time (one lock around the model).
 """
@@ -31,13 +34,29 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.envs.tools import ToolCall, parse_tool_call
 from feedbackrl.rollout.generate import generate, generate_ids
+
+# Sampling parameters the decode loop does not implement, with the values that mean "off". A request that
+# turns one on is refused (400) rather than sampled without it: its log-probs would not be those of the
+# distribution the client asked for, and a trainer would learn from the wrong ratios.
+UNSUPPORTED_SAMPLING: dict[str, tuple[Any, ...]] = {
+    "top_k": (None, 0, -1), "min_p": (None, 0), "min_tokens": (None, 0), "repetition_penalty": (None, 1),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "n": (None, 1), "best_of": (None, 1),
+}
+
+
+def refuse_unsupported(params: dict[str, Any]) -> None:
+    """HTTP 400 when `params` turns on a sampling feature `UNSUPPORTED_SAMPLING` lists."""
+    bad = {k: v for k, v in params.items() if k in UNSUPPORTED_SAMPLING and v not in UNSUPPORTED_SAMPLING[k]}
+    if bad:
+        raise HTTPException(400, f"sampling parameters this endpoint does not implement: {bad} "
+                                 "(it samples with temperature and top_p only)")
 
 
 class ChatRequest(BaseModel):
@@ -137,6 +156,7 @@ def create_app(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model
 
     @app.post("/v1/chat/completions", response_model=None)
     def chat(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        refuse_unsupported(req.model_extra or {})
         ids, lps, text, finish = _sample(model, tokenizer, req, lock)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
         if req.stream:
@@ -166,6 +186,7 @@ def _generate_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     """Token ids in; completion token ids and one finite log-prob per completion token out (the stop token
     included), each entry's token written ``token_id:N`` as vLLM does with `return_tokens_as_token_ids`."""
     sp = req.sampling_params
+    refuse_unsupported(sp)
     limit = int(sp.get("max_tokens") or 64)
     temperature, top_p = float(sp.get("temperature", 1.0)), float(sp.get("top_p", 1.0))
     stops = set(sp.get("stop_token_ids") or []) | {tokenizer.eos_token_id}

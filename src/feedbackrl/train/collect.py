@@ -26,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import RolloutConfig
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.external import ExternalTask
 from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 from feedbackrl.rollout.generate import Rollout, generate
@@ -112,6 +113,10 @@ def score_rollout(task: Task, scorer: Scorer, owners: list[Problem], ro: Rollout
 def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
             cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
     """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
+    if isinstance(task, ExternalTask):  # another program plays the episodes against the served policy
+        from feedbackrl.train.external import collect_external  # it builds a Batch: imported here
+
+        return collect_external(model, tokenizer, task, cfg, prompt_rng, sample_rng)
     if isinstance(task, EpisodicTask):  # multi-turn: the environment's verdict replaces the scorer
         from feedbackrl.train.episodes import collect_episodes  # it builds a Batch: imported here, not at the top
 

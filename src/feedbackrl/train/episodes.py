@@ -3,10 +3,13 @@
 Each row of the batch is one episode. Its "completion" is every token after the first prompt:
 the policy's turns (sampled tokens, EOS included) interleaved with the environment's messages
 (encoded text), so `completion_mask` is 1 on the policy's own tokens only and the GRPO/RLOO loss
-never trains on tool output. Turns are decoded together for all active episodes: each turn
-re-encodes nothing, it continues from the exact token ids so far (the whole context is prefilled
-again per turn; the model sees what the losses score). Environment steps (tool calls) of a turn
-run concurrently in a thread pool; finished episodes leave the batch.
+never trains on tool output. The model's `TurnFormat` (`envs/turn_format.py`: its chat template, or
+the minimal format) writes the prompt and the environment's messages and parses each turn's tool
+calls; `demonstration_rows` encodes SFT demonstrations the same way, mask on the assistant turns.
+Turns are decoded together for all active episodes: each turn re-encodes nothing, it continues
+from the exact token ids so far (the whole context is prefilled again per turn; the model sees what
+the losses score). Environment steps (tool calls) of a turn run concurrently in a thread pool;
+finished episodes leave the batch.
 
 Rewards: the trajectory's verdict score minus `tool_call_penalty` per tool call and
 `turn_penalty` per turn. With `turn_credit > 0` the per-turn rewards also give each turn's tokens
@@ -35,9 +38,13 @@ from feedbackrl.envs.multi_turn import (
     END_TRUNCATED,
     EpisodeRecord,
     EpisodicTask,
+    Message,
     StepResult,
+    Turn,
     episode_stats,
 )
+from feedbackrl.envs.turn_format import TurnFormat, turn_format
+from feedbackrl.models.chat import end_token_ids
 from feedbackrl.rewards.verdict import Problem, fail
 from feedbackrl.rollout.generate import generate_ids
 from feedbackrl.train.collect import Batch
@@ -61,9 +68,9 @@ class Episodes:
     env_s: float  # seconds in environment steps (tools)
 
 
-def _safe_step(env: object, text: str) -> StepResult | Exception:
+def _safe_step(env: object, turn: Turn) -> StepResult | Exception:
     try:
-        return env.step(text)  # type: ignore[attr-defined]
+        return env.step(turn)  # type: ignore[attr-defined]
     except Exception as e:  # noqa: BLE001 - a broken environment ends its episode, not the run
         return e
 
@@ -90,12 +97,14 @@ def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tas
                  generator: torch.Generator | None = None) -> Episodes:
     """Play one episode per problem (repeat problems for groups) under `task.limits`."""
     lim, pad = task.limits, tokenizer.pad_token_id
+    fmt = turn_format(tokenizer, task)
+    ends = set(end_token_ids(model, tokenizer).tolist())
     envs = [task.make_env(p) for p in problems]
     records: list[EpisodeRecord] = []
     prompts: list[list[int]] = []
     for env in envs:
         first = env.reset()
-        text = "".join(str(m["content"]) for m in first)
+        text = fmt.prompt(first)
         records.append(EpisodeRecord(prompt=text, messages=list(first)))
         prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     comp: list[list[int]] = [[] for _ in problems]
@@ -111,20 +120,23 @@ def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tas
             budget = [lim.max_tokens - len(comp[i]) for i in active]
             ro = generate_ids(model, tokenizer, ids, mask, min(lim.turn_tokens, max(budget)), temperature, top_p,
                               greedy, generator)
-            texts = []
+            turns, closers = [], []
             for j, i in enumerate(active):
                 toks = ro.completion_ids[j][ro.completion_mask[j].bool()].tolist()[: budget[j]]
                 comp[i] += toks
                 turn_of[i] += [turn] * len(toks)
                 logps[i] += ro.logprobs[j][: len(toks)].tolist()
-                texts.append(tokenizer.decode(toks, skip_special_tokens=True))
+                closed = bool(toks) and toks[-1] in ends
+                content = fmt.content(toks[:-1] if closed else toks)
+                turns.append(fmt.parse(content, records[i].messages))
+                closers.append(tokenizer.decode(toks[-1:], skip_special_tokens=False) if closed else "")
             t1 = time.perf_counter()
-            results = list(_STEP_POOL.map(_safe_step, [envs[i] for i in active], texts))
+            results = list(_STEP_POOL.map(_safe_step, [envs[i] for i in active], turns))
             env_s += time.perf_counter() - t1
             gen_s += t1 - t0
-            active = [i for i, text, res in zip(active, texts, results, strict=True)
-                      if _record_turn(records[i], (comp[i], turn_of[i], logps[i]), text, res, lim.max_tokens,
-                                      tokenizer, task)]
+            active = [i for i, t, end, res in zip(active, turns, closers, results, strict=True)
+                      if _record_turn(records[i], (comp[i], turn_of[i], logps[i]), t.text, end, res, lim.max_tokens,
+                                      tokenizer, fmt)]
         for i in active:
             records[i].end, records[i].verdict = END_OUT_OF_TURNS, fail(f"no answer within {lim.max_turns} turns")
     finally:
@@ -141,10 +153,10 @@ def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tas
     return Episodes(p_ids, p_mask, c_ids, (token_turn >= 0).long(), token_turn, lp, records, gen_s, env_s)
 
 
-def _record_turn(rec: EpisodeRecord, row: tuple[list[int], list[int], list[float]], text: str,
+def _record_turn(rec: EpisodeRecord, row: tuple[list[int], list[int], list[float]], text: str, end: str,
                  res: StepResult | Exception, max_tokens: int, tokenizer: PreTrainedTokenizerBase,
-                 task: EpisodicTask) -> bool:
-    """Append one turn's outcome to the transcript and the observation's tokens to the episode's row
+                 fmt: TurnFormat) -> bool:
+    """Append one turn's outcome to the transcript and the environment's reply tokens to the episode's row
     (token ids, turn index per token, log-prob per token); True if the episode goes on."""
     comp, turn_of, logps = row
     rec.messages.append({"role": "assistant", "content": text})
@@ -155,11 +167,12 @@ def _record_turn(rec: EpisodeRecord, row: tuple[list[int], list[int], list[float
     rec.turn_rewards.append(float(res.reward))
     rec.tool_calls += res.tool_calls
     rec.tool_errors += res.tool_errors
-    rec.messages.extend(res.observation)
     if res.done:
+        rec.messages.extend(res.observation)
         rec.end, rec.verdict = END_ANSWERED, res.verdict
         return False
-    obs = tokenizer(task.render(res.observation), add_special_tokens=False)["input_ids"]
+    obs = tokenizer(fmt.reply(rec.messages, res.observation, end), add_special_tokens=False)["input_ids"]
+    rec.messages.extend(res.observation)
     comp += obs
     turn_of += [-1] * len(obs)
     logps += [0.0] * len(obs)
@@ -168,6 +181,62 @@ def _record_turn(rec: EpisodeRecord, row: tuple[list[int], list[int], list[float
         rec.end, rec.verdict = END_TRUNCATED, fail(f"episode ran past {max_tokens} tokens")
         return False
     return True
+
+
+def demonstration_rows(tokenizer: PreTrainedTokenizerBase, task: EpisodicTask, problems: list[Problem],
+                       demos: list[list[Message]]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """SFT rows for episodic demonstrations, encoded as `run_episodes` encodes episodes: prompt_ids, prompt_mask
+    (N, P) left-padded; completion_ids, completion_mask (N, T) right-padded, the mask 1 on the assistant turns
+    (their end token included) and 0 on the environment's messages."""
+    fmt = turn_format(tokenizer, task)
+    prompts, comps, masks = [], [], []
+    for problem, demo in zip(problems, demos, strict=True):
+        env = task.make_env(problem)
+        try:
+            first = env.reset()
+        finally:
+            env.close()
+        p, c, m = _encode_demonstration(tokenizer, fmt, first, demo)
+        prompts.append(p)
+        comps.append(c)
+        masks.append(m)
+    p_ids, p_mask = _left_pad(prompts, tokenizer.pad_token_id)
+    return p_ids, p_mask, _right_pad(comps, tokenizer.pad_token_id), _right_pad(masks, 0)
+
+
+def _encode_demonstration(tokenizer: PreTrainedTokenizerBase, fmt: TurnFormat, first: list[Message],
+                          demo: list[Message]) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, completion ids, mask) of one demonstration: assistant turns, each followed by the
+    environment's messages up to the next one (none after the last)."""
+    if not demo or demo[0]["role"] != "assistant" or demo[-1]["role"] != "assistant":
+        roles = [m["role"] for m in demo]
+        raise ValueError(f"a demonstration starts and ends with an assistant turn, got roles {roles}")
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    conversation = list(first)
+    comp: list[int] = []
+    mask: list[int] = []
+    for k, message in enumerate(demo):
+        if message["role"] != "assistant":
+            continue
+        text = fmt.write(conversation, message)
+        ids = encode(text) + encode(fmt.end)
+        comp += ids
+        mask += [1] * len(ids)
+        conversation.append({"role": "assistant", "content": text})
+        new = []
+        for m in demo[k + 1:]:
+            if m["role"] == "assistant":
+                break
+            new.append(m)
+        if k + 1 + len(new) < len(demo):  # another assistant turn follows: the environment's reply, then it
+            obs = encode(fmt.reply(conversation, new, fmt.end))
+            comp += obs
+            mask += [0] * len(obs)
+            conversation += new
+    return encode(fmt.prompt(first)), comp, mask
 
 
 def collect_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: EpisodicTask,

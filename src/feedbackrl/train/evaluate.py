@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.external import ExternalTask
 from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.log import console
 from feedbackrl.rewards.verdict import Problem
@@ -43,12 +44,16 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
              warn_truncated: float = 0.1) -> EvalResult:
     """Greedy accuracy and pass@k (k = 0: greedy only, pass@k is NaN). Sampling uses its own generator,
     so evaluating mid-run never perturbs the training RNG streams (resumed runs stay exact). Episodic
-    tasks play whole episodes.
+    tasks play whole episodes; external tasks (`envs/external.py`) play them against the served policy.
 
     Reports the fraction of greedy answers cut off by `max_new_tokens` and warns above `warn_truncated`
     (an answer cut off is usually graded on text that never reached its end); `truncated_fails` fails them.
     Episodic tasks play whole episodes (`train/episodes.py`; the truncation options do not apply there).
     """
+    if isinstance(task, ExternalTask):  # another program plays the episodes against the served policy
+        from feedbackrl.train.external import evaluate_external  # it returns an EvalResult: imported here
+
+        return evaluate_external(model, tokenizer, task, problems, max_new_tokens, k, temperature, n_samples)
     if isinstance(task, EpisodicTask):
         from feedbackrl.train.episodes import evaluate_episodes  # it returns an EvalResult: imported here
 

@@ -23,8 +23,9 @@ from feedbackrl.algos.kl import kl_k3
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.algos.rloo import rloo_advantages
 from feedbackrl.algos.staleness import decoupled_pg_loss, staleness
-from feedbackrl.config import RunConfig
+from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.envs.base import Task
+from feedbackrl.envs.external import ExternalTask
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.lora import adapters_disabled, is_lora
@@ -49,7 +50,16 @@ def make_optimizer(model: PreTrainedModel, cfg: RunConfig) -> torch.optim.Optimi
 
 def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                    scorer: Scorer) -> Collector:
-    """This process's collect step, or Ray workers' when the recipe's `[scale]` section asks for them."""
+    """This process's collect step, vLLM's (`rollout.backend = "vllm"`), or Ray workers' when the recipe's
+    `[scale]` section asks for them."""
+    if isinstance(task, ExternalTask) and (cfg.scale.uses_ray or cfg.rollout.backend == "vllm"):
+        raise ConfigError(f"task {task.name!r} plays its episodes in another program against this process's "
+                          "policy endpoint; [scale] rollout or reward workers and rollout.backend = 'vllm' "
+                          "are not supported for it")
+    if cfg.rollout.backend == "vllm":
+        from feedbackrl.scale.vllm_rollout import vllm_collector  # vLLM is an optional extra: imported only when used
+
+        return vllm_collector(cfg, model, tokenizer, task, scorer)
     if not cfg.scale.uses_ray:
         return InProcessCollector(model, tokenizer, task, scorer, cfg.rollout)
     from feedbackrl.scale.collectors import ray_collector  # Ray is an optional extra: imported only when used
@@ -164,7 +174,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                             pg, pg_stats = decoupled_pg_loss(logprobs, old, behaviour[sub], advantages[sub],
                                                              mask[sub], a.clip_low, a.clip_high,
                                                              cfg.scale.importance_cap)
-                            stats.setdefault("is_weight/mean", []).append(pg_stats["is_weight/mean"].item())
+                            for k in ("is_weight/mean", "is_weight/truncated_frac"):
+                                stats.setdefault(k, []).append(pg_stats[k].item())
                         per_token = pg
                         kl = torch.zeros_like(pg)
                         if ref_lp is not None:

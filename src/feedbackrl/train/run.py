@@ -36,6 +36,7 @@ from feedbackrl.data.labeller import gold_score_for
 from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.chat import chat_task
+from feedbackrl.envs.external import ExternalTask
 from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.envs.registry import make_task
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
@@ -133,9 +134,10 @@ def run_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
 
 def model_task(cfg: RunConfig, task: Task, tokenizer: PreTrainedTokenizerBase) -> Task:
     """The task as this model sees it: prompts rendered with its chat template (`model.chat_template`);
-    multi-turn tasks render their own transcripts."""
-    return task if isinstance(task, EpisodicTask) else chat_task(task, tokenizer, cfg.model.chat_template,
-                                                                 cfg.model.system_prompt)
+    multi-turn and external tasks render their own transcripts."""
+    if isinstance(task, EpisodicTask | ExternalTask):
+        return task
+    return chat_task(task, tokenizer, cfg.model.chat_template, cfg.model.system_prompt)
 
 
 def start_run(cfg: RunConfig, out_dir: str | Path) -> Path:
@@ -159,6 +161,10 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
     """Everything that can fail before any work: the algorithm, the device, the checkpoint to resume."""
     entry = ALGORITHMS[cfg.algo.name]
     device = resolve_device(cfg.train.device)
+    if cfg.rollout.backend == "vllm":  # installed, and a GPU to run on: checked before any work
+        from feedbackrl.scale.vllm_rollout import check_vllm
+
+        check_vllm(device)
     if device.type != "cpu" and not entry.off_cpu:
         on = [name for name, e in ALGORITHMS.items() if e.off_cpu]
         raise ConfigError(f"train.device = {cfg.train.device!r}: algo.name = {cfg.algo.name!r} runs on the CPU only "

@@ -1,4 +1,10 @@
-"""Offline training on fixed targets: SFT warm start on a task's demonstrations."""
+"""Offline training on fixed targets: SFT warm start on a task's demonstrations.
+
+A single-turn task's demonstration is a completion string, trained on whole (EOS appended). An
+episodic task's demonstration is a conversation (assistant turns and the environment's messages
+between them), encoded as episodes are (`train/episodes.py:demonstration_rows`, the model's turn
+format) with the loss on the assistant turns only: a tool's output is context, never a target.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +18,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.algos.sft import sft_loss
 from feedbackrl.config import SFTConfig
 from feedbackrl.envs.base import Demonstrates, Task
+from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
 from feedbackrl.train.context import Run
+from feedbackrl.train.episodes import demonstration_rows
 from feedbackrl.train.optim import adamw
 
 
@@ -54,8 +62,11 @@ def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ta
         for step in range(cfg.steps):
             problems = [task.sample(rng) for _ in range(cfg.batch_size)]
             demos = [task.demonstrate(p, rng) for p in problems]
-            p_ids, p_mask = encode_prompts(tokenizer, [p.prompt for p in problems])
-            c_ids, c_mask = encode_completions(tokenizer, demos)
+            if isinstance(task, EpisodicTask):
+                p_ids, p_mask, c_ids, c_mask = demonstration_rows(tokenizer, task, problems, demos)
+            else:
+                p_ids, p_mask = encode_prompts(tokenizer, [p.prompt for p in problems])
+                c_ids, c_mask = encode_completions(tokenizer, demos)
             p_ids, p_mask, c_ids, c_mask = (t.to(model.device) for t in (p_ids, p_mask, c_ids, c_mask))
             logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
             loss = sft_loss(logprobs, c_mask)

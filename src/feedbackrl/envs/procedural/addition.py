@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import re
+import zlib
 from dataclasses import dataclass
 
 from feedbackrl.envs.base import Task
@@ -33,8 +34,15 @@ def no_carry_sum(a: int, b: int) -> int:
     return out
 
 
-def _is_heldout(a: int, b: int) -> bool:
-    return (a * 7919 + b * 104729 + 13) % 10 == 0
+def is_heldout_pair(a: int, b: int) -> bool:
+    """About 1 pair in 10, by a hash of both whole operands.
+
+    Never select on a linear form of the operands: (7919 a + 104729 b + 13) mod 10, used here once,
+    depends on the last digits only and held out exactly the sums ending in 3, so training never saw
+    such a sum and a policy could score on training by avoiding that digit (the tests check the
+    held-out sums' last digits are spread).
+    """
+    return zlib.crc32(f"{a}+{b}".encode()) % 10 == 0
 
 
 @dataclass
@@ -65,17 +73,17 @@ class AdditionTask(Task):
         hi = 10**self.digits - 1
         while True:
             a, b = rng.randint(0, hi), rng.randint(0, hi)
-            if not _is_heldout(a, b):
+            if not is_heldout_pair(a, b):
                 return self._problem(a, b)
 
     def heldout(self, n: int) -> list[Problem]:
         rng, hi, out, seen = random.Random(1_000_003), 10**self.digits - 1, [], set()
-        limit = sum(1 for a in range(min(hi, 99) + 1) for b in range(min(hi, 99) + 1) if _is_heldout(a, b))
+        limit = sum(1 for a in range(min(hi, 99) + 1) for b in range(min(hi, 99) + 1) if is_heldout_pair(a, b))
         if self.digits <= 2 and n > limit:
             raise ValueError(f"addition with {self.digits} digits has only {limit} held-out problems; asked {n}")
         while len(out) < n:
             a, b = rng.randint(0, hi), rng.randint(0, hi)
-            if _is_heldout(a, b) and (a, b) not in seen:
+            if is_heldout_pair(a, b) and (a, b) not in seen:
                 seen.add((a, b))
                 out.append(self._problem(a, b))
         return out

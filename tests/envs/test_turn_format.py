@@ -1,0 +1,152 @@
+"""Turn formats: which one a model gets, tool calls parsed from chat-template turns (Hermes/Qwen tags,
+Llama 3 JSON, a tokenizer's response_template) with malformed calls as errors, and templates without
+the prefix property refused with the model's name."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from feedbackrl.envs.calculator import CALC, CalculatorAdditionTask
+from feedbackrl.envs.guess import GuessNumberTask
+from feedbackrl.envs.multi_turn import Turn
+from feedbackrl.envs.tools import ToolCall
+from feedbackrl.envs.turn_format import (
+    ChatTemplateFormat,
+    MinimalFormat,
+    TurnFormatError,
+    parse_json_tool_calls,
+    turn_format,
+)
+from feedbackrl.models.chat import ChatTemplateError
+
+CALL = ToolCall("calc", {"expression": "4821+377"})
+HERMES = '<tool_call>\n{"name": "calc", "arguments": {"expression": "4821+377"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text, calls", [
+    (HERMES, (CALL,)),
+    ('I will add. <tool_call>{"name": "calc", "arguments": {"expression": "4821+377"}}</tool_call>', (CALL,)),
+    (HERMES + "\n" + HERMES.replace("4821+377", "1+2"), (CALL, ToolCall("calc", {"expression": "1+2"}))),
+    ('<tool_call>{"name": "calc", "arguments": "{\\"expression\\": \\"4821+377\\"}"}</tool_call>', (CALL,)),
+    ('{"name": "calc", "parameters": {"expression": "4821+377"}}', (CALL,)),
+    ('<|python_tag|>{"name": "calc", "parameters": {"expression": "4821+377"}}', (CALL,)),
+    ('<tool_call>{"name": "calc"}</tool_call>', (ToolCall("calc", {}),)),  # the toolbox reports the missing argument
+    ("5198", ()),
+    ("", ()),
+    ('{"answer": 5198}', ()),  # JSON, but not a call: an answer
+    ("the call would be calc(4821+377)", ()),
+], ids=["hermes", "after-text", "two-calls", "string-arguments", "llama", "python-tag", "no-arguments", "answer",
+        "empty", "json-answer", "prose"])
+def test_json_tool_calls_parse(text: str, calls: tuple[ToolCall, ...]) -> None:
+    assert parse_json_tool_calls(text) == Turn(text, calls)
+
+
+@pytest.mark.parametrize("text, why", [
+    ('<tool_call>{"name": "calc", "arguments": {"expression": 4821+377}}</tool_call>', "not valid JSON"),
+    ('<tool_call>{"name": "calc", "arguments": {"expression": "1"}}', "without a closing </tool_call>"),
+    (HERMES + '<tool_call>{"name": "calc"', "without a closing </tool_call>"),
+    ('<tool_call>{"arguments": {"expression": "1"}}</tool_call>', 'a string "name"'),
+    ('<tool_call>{"name": 7, "arguments": {}}</tool_call>', 'a string "name"'),
+    ('<tool_call>["calc", "1+2"]</tool_call>', 'a string "name"'),
+    ('<tool_call>{"name": "calc", "arguments": ["1+2"]}</tool_call>', "must be a JSON object, got list"),
+    ('<tool_call>{"name": "calc", "arguments": "1+2"}</tool_call>', "are not a JSON object"),
+    ('{"name": "calc", "parameters": {"expression": "1+2"}', "not valid JSON"),
+], ids=["bad-json", "unclosed", "second-unclosed", "no-name", "name-not-string", "not-an-object",
+        "arguments-list", "arguments-string", "llama-bad-json"])
+def test_malformed_json_calls_are_errors(text: str, why: str) -> None:
+    turn = parse_json_tool_calls(text)
+    assert turn.calls == () and turn.text == text
+    assert turn.error is not None and turn.error.startswith("malformed tool call") and why in turn.error, turn.error
+
+
+def test_the_format_follows_the_tokenizer_unless_the_task_forces_one(tokenizer, tool_chat_tokenizer) -> None:
+    task = CalculatorAdditionTask()
+    assert isinstance(turn_format(tokenizer, task), MinimalFormat)  # the tiny model: no chat template
+    fmt = turn_format(tool_chat_tokenizer, task)
+    assert isinstance(fmt, ChatTemplateFormat) and fmt.tools == [CALC.schema()] and fmt.end == "<|im_end|>"
+    assert turn_format(tool_chat_tokenizer, dataclasses.replace(task, tools=False)).tools is None
+    assert isinstance(turn_format(tool_chat_tokenizer, dataclasses.replace(task, turn_format="minimal")),
+                      MinimalFormat)
+    with pytest.raises(ChatTemplateError, match="turn_format = 'chat_template' but the tokenizer of an unnamed"):
+        turn_format(tokenizer, dataclasses.replace(task, turn_format="chat_template"))
+    with pytest.raises(ValueError, match="turn_format must be one of"):
+        turn_format(tokenizer, dataclasses.replace(task, turn_format="chatml"))
+    assert GuessNumberTask().turn_format == "auto"  # every episodic task has the option's default
+
+
+def test_reply_is_the_template_difference_and_drops_the_end_token(tool_chat_tokenizer) -> None:
+    fmt = ChatTemplateFormat(tool_chat_tokenizer)
+    convo = [{"role": "user", "content": "4821+377="}, {"role": "assistant", "content": HERMES}]
+    tool = [{"role": "tool", "content": "5198"}]
+    expected = "\n<|im_start|>user\n<tool_response>\n5198\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert fmt.reply(convo, tool, "<|im_end|>") == expected
+    assert fmt.reply(convo, tool, "") == "<|im_end|>" + expected  # a turn cut off: the template closes it
+    assert fmt.reply(convo, tool, "<|endoftext|>") == "<|im_end|>" + expected  # another end token: kept, closed
+
+
+def test_a_response_template_on_the_tokenizer_is_used_for_parsing(tool_chat_tokenizer) -> None:
+    tok = copy.deepcopy(tool_chat_tokenizer)  # the shared fixture stays untouched
+    tok.response_template = {  # a made-up tag our own parser does not know, so the result proves which one ran
+        "version": 1, "start_anchor": "<|im_start|>assistant\n",
+        "fields": {"content": {}, "tool_calls": {
+            "open": "<function_call>", "close": "</function_call>", "content": "json", "repeats": True,
+            "transform": {"type": "function", "function": {"name": "{content.name}",
+                                                           "arguments": "{content.arguments}"}}}}}
+    fmt = ChatTemplateFormat(tok, [CALC.schema()])
+    convo = [{"role": "user", "content": "4821+377="}]
+    text = 'Adding. <function_call>{"name": "calc", "arguments": {"expression": "4821+377"}}</function_call>'
+    assert fmt.parse(text, convo) == Turn(text, (CALL,))
+    assert ChatTemplateFormat(tool_chat_tokenizer, [CALC.schema()]).parse(text, convo) == Turn(text)
+    assert fmt.parse(HERMES, convo) == Turn(HERMES)  # with a response template, only its syntax counts
+    for bad in ('<function_call>{"name": "calc", "arguments": {"expression": 1+2}}</function_call>',
+                '<function_call>{"nam": "calc"}</function_call>', '<function_call>{"name": "calc"'):
+        turn = fmt.parse(bad, convo)
+        assert turn.calls == () and turn.error is not None and turn.error.startswith("malformed tool call"), bad
+
+
+TRIM_TEMPLATE = (  # content trimmed, as Llama 3 templates do: " 42" would be re-rendered as "42"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] | trim"
+    " + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+DROP_THINKING = (  # earlier turns lose their reasoning, as Qwen3's template does
+    "{% for message in messages %}{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and not loop.last %}{% set content = content.split('</think>')[-1] %}"
+    "{% endif %}{{ '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def test_templates_without_the_prefix_property_are_refused_with_the_model_name(tool_chat_tokenizer) -> None:
+    tok = copy.deepcopy(tool_chat_tokenizer)
+    tok.chat_template, tok.name_or_path = TRIM_TEMPLATE, "acme/trimming-chat"
+    with pytest.raises(TurnFormatError, match=r"chat template of 'acme/trimming-chat' is not prefix-stable"):
+        ChatTemplateFormat(tok)  # caught on the probe conversation, before any episode
+    tok.chat_template, tok.name_or_path = DROP_THINKING, "acme/thinking-chat"
+    fmt = ChatTemplateFormat(tok)  # the probe has no reasoning: this one shows up on a turn that has some
+    convo = [{"role": "user", "content": "4821+377="}, {"role": "assistant", "content": "<think>add</think>" + HERMES}]
+    with pytest.raises(TurnFormatError, match=r"'acme/thinking-chat' is not prefix-stable.*rewrite earlier turns"):
+        fmt.reply(convo, [{"role": "tool", "content": "5198"}], "<|im_end|>")
+
+
+def test_a_template_that_drops_tool_calls_cannot_write_demonstrations(smol_tokenizer) -> None:
+    fmt = ChatTemplateFormat(smol_tokenizer, [CALC.schema()])  # SmolLM2's template: no tools, content only
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expression": "1+2"}}}]}
+    with pytest.raises(TurnFormatError, match=r"does not render tool calls \(\['calc'\] missing"):
+        fmt.write([{"role": "user", "content": "1+2="}], call)
+
+
+def test_minimal_format_writes_and_parses_the_documented_syntax(tokenizer) -> None:
+    fmt = MinimalFormat(tokenizer, lambda messages: "".join(f"={m['content']}\n" for m in messages))
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expression": "1+2"}}}]}
+    assert fmt.write([], call) == "calc(1+2)"
+    assert fmt.parse("calc(1+2)", []) == Turn("calc(1+2)", (ToolCall("calc", "1+2"),))
+    assert fmt.parse("calc(1+", []).error.startswith("malformed tool call")
+    assert fmt.parse("3", []) == Turn("3")
+    assert fmt.reply([], [{"role": "tool", "content": "3"}], "<eos>") == "=3\n"
+    assert fmt.prompt([{"role": "user", "content": "1+2="}]) == "1+2=" and fmt.end == "<eos>"
+    two = dict(call, tool_calls=[{"type": "function", "function": {"name": "f", "arguments": {"a": "1", "b": "2"}}}])
+    with pytest.raises(ValueError, match="one string argument"):
+        fmt.write([], two)
