@@ -125,8 +125,12 @@ def test_guess_game_feedback_and_per_turn_rewards() -> None:
     task = GuessNumberTask(hi=31)
     env = task.make_env(task._problem(20))
     assert env.reset() == [{"role": "user", "content": "guess 1-31:"}]
-    moves = [("16", "higher", 0.0), ("24", "lower", 0.0), ("30", "lower", -1.0),  # 30 contradicts "lower" at 24
-             ("abc", "invalid", -1.0), ("99", "invalid", -1.0), ("20", None, 0.0)]
+    # per-turn reward: minus the share of the numbers still possible that the worse answer would leave
+    moves = [("16", "higher", -15 / 31),  # 1..31: 1..15 or 17..31 left, 15 of 31
+             ("24", "lower", -7 / 15),  # 17..31: 17..23 or 25..31 left, 7 of 15
+             ("30", "lower", -1.0),  # contradicts "lower" at 24: all of 17..23 stay possible
+             ("abc", "invalid", -1.0), ("99", "invalid", -1.0),
+             ("20", None, -3 / 7)]  # 17..23: 17..19 or 21..23 would be left, 3 of 7
     for move, feedback, reward in moves:
         r = env.step(_turn(move))
         assert r.reward == reward, move
@@ -134,6 +138,21 @@ def test_guess_game_feedback_and_per_turn_rewards() -> None:
             assert r.done and r.verdict.passed and r.verdict.details == {"moves": 6}
         else:
             assert not r.done and r.observation == [{"role": "user", "content": feedback}]
+
+
+def test_guess_move_reward_prefers_bisection_and_the_last_number_scores_zero() -> None:
+    env = GuessNumberTask(hi=31).make_env(GuessNumberTask(hi=31)._problem(5))
+    assert [env.move_reward(g) for g in (16, 8, 1, 31)] == [-15 / 31, -23 / 31, -30 / 31, -30 / 31]
+    env.step(Turn("6"))  # lower: 1..5 left
+    env.step(Turn("4"))  # higher: 5 left
+    assert (env.low, env.high) == (5, 5)
+    assert env.move_reward(5) == 0.0 and env.move_reward(4) == -1.0
+
+
+def test_guess_episode_budget_fits_max_turns_moves() -> None:
+    # each move: up to turn_tokens (4) for the guess, then "invalid\n" (8 characters)
+    assert GuessNumberTask(hi=31, max_turns=8).limits.max_tokens == 8 * (4 + 8)
+    assert GuessNumberTask(hi=31, max_turns=6).limits.max_tokens == 72
 
 
 def test_guess_demonstrations_replay_and_binary_search_is_short() -> None:

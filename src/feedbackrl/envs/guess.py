@@ -4,8 +4,10 @@ The prompt is ``"guess 1-31:"``; each assistant turn is a number; the environmen
 ``higher``, ``lower`` or ends the episode when the guess is right. A turn that is not a number in
 range gets ``invalid`` and costs the turn. The verdict is 1 for finding the number within
 `max_turns` turns; `turn_penalty` (subtracted from the trajectory reward per turn) pays for finding
-it sooner, and each move's per-turn reward is -1 for a move that contradicts earlier feedback
-(guessing 20 after "lower" at 12), 0 otherwise, for turn-level credit.
+it sooner. Each move's per-turn reward (for turn-level credit, `turn_credit`) is minus the share of
+the numbers still possible that the worse of the two answers would leave: -1 for an invalid move or
+one that contradicts earlier feedback (guessing 20 after "lower" at 12), about -0.5 for bisecting,
+-0.74 for a quarter-step from 1..31, 0 for naming the only number left.
 
 Binary search finds any of 1..31 in at most 5 guesses. `demonstrate` is a cautious player: with
 probability `demo_noise` per move it guesses a quarter of the way into the numbers still possible
@@ -51,7 +53,7 @@ class GuessEnv:
         if not text.isdigit() or not 1 <= int(text) <= self.hi:
             return StepResult([{"role": "user", "content": "invalid"}], False, reward=-1.0)
         g = int(text)
-        reward = 0.0 if self.low <= g <= self.high else -1.0  # contradicts what the feedback already said
+        reward = self.move_reward(g)
         if g == self.secret:
             return StepResult([], True, Verdict(1.0, True, f"found {g} in {self.moves} moves", {"moves": self.moves}),
                               reward=reward)
@@ -60,6 +62,17 @@ class GuessEnv:
             return StepResult([{"role": "user", "content": "higher"}], False, reward=reward)
         self.high = min(self.high, g - 1)
         return StepResult([{"role": "user", "content": "lower"}], False, reward=reward)
+
+    def move_reward(self, g: int) -> float:
+        """Minus the share of the still-possible numbers that the worse answer to guess `g` would leave.
+
+        Bisection leaves about half (-0.48 for 16 on 1..31), a quarter-step three quarters (-0.74 for 8);
+        a guess the feedback already ruled out leaves them all (-1), the last possible number none (0).
+        """
+        n = self.high - self.low + 1
+        if not self.low <= g <= self.high:
+            return -1.0
+        return -max(g - self.low, self.high - g) / n
 
     def close(self) -> None:
         return None
@@ -73,7 +86,6 @@ class GuessNumberTask(EpisodicTask):
     demo_noise: float = 0.5
     max_turns: int = 6
     turn_tokens: int = 4
-    max_tokens: int = 64
     turn_penalty: float = 0.0
     tool_call_penalty: float = 0.0
     turn_credit: float = 0.0
@@ -86,7 +98,9 @@ class GuessNumberTask(EpisodicTask):
             raise ValueError(f"guess_number.hi must be in [4, 999], got {self.hi}")
         if not 0.0 <= self.demo_noise <= 1.0:
             raise ValueError(f"demo_noise must be in [0, 1], got {self.demo_noise}")
-        self.limits = EpisodeLimits(self.max_turns, self.turn_tokens, self.max_tokens)
+        # room for `max_turns` whole moves: a turn, then the longest answer ("invalid\n", one token per
+        # character with the tiny tokenizer); a fixed budget silently cut longer games short
+        self.limits = EpisodeLimits(self.max_turns, self.turn_tokens, self.max_turns * (self.turn_tokens + 8))
 
     def _problem(self, secret: int) -> Problem:
         return Problem(prompt=f"guess 1-{self.hi}:", answer=str(secret), meta={"secret": secret})
