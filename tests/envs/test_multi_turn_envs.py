@@ -153,6 +153,7 @@ def test_guess_episode_budget_fits_max_turns_moves() -> None:
     # each move: up to turn_tokens (4) for the guess, then "invalid\n" (8 characters)
     assert GuessNumberTask(hi=31, max_turns=8).limits.max_tokens == 8 * (4 + 8)
     assert GuessNumberTask(hi=31, max_turns=6).limits.max_tokens == 72
+    assert GuessNumberTask(hi=31, max_turns=3, max_tokens=400).limits.max_tokens == 400  # e.g. for chat templates
 
 
 def test_guess_demonstrations_replay_and_binary_search_is_short() -> None:

@@ -86,6 +86,7 @@ class GuessNumberTask(EpisodicTask):
     demo_noise: float = 0.5
     max_turns: int = 6
     turn_tokens: int = 4
+    max_tokens: int | None = None
     turn_penalty: float = 0.0
     tool_call_penalty: float = 0.0
     turn_credit: float = 0.0
@@ -98,9 +99,11 @@ class GuessNumberTask(EpisodicTask):
             raise ValueError(f"guess_number.hi must be in [4, 999], got {self.hi}")
         if not 0.0 <= self.demo_noise <= 1.0:
             raise ValueError(f"demo_noise must be in [0, 1], got {self.demo_noise}")
-        # room for `max_turns` whole moves: a turn, then the longest answer ("invalid\n", one token per
-        # character with the tiny tokenizer); a fixed budget silently cut longer games short
-        self.limits = EpisodeLimits(self.max_turns, self.turn_tokens, self.max_turns * (self.turn_tokens + 8))
+        # by default room for `max_turns` whole moves in the minimal format: a turn, then the longest answer
+        # ("invalid\n", one token per character with the tiny tokenizer); a fixed budget silently cut longer
+        # games short. A chat template's turns take more tokens: set max_tokens for those.
+        budget = self.max_turns * (self.turn_tokens + 8) if self.max_tokens is None else self.max_tokens
+        self.limits = EpisodeLimits(self.max_turns, self.turn_tokens, budget)
 
     def _problem(self, secret: int) -> Problem:
         return Problem(prompt=f"guess 1-{self.hi}:", answer=str(secret), meta={"secret": secret})
