@@ -30,7 +30,7 @@ def test_calculator_tool_beats_sft_and_the_no_tool_arm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # SFT, GRPO and two evaluations: 585 s at load ~8 on the shared 2-core CPU
+@pytest.mark.timeout(1800)  # SFT, GRPO, two evaluations: 286 s at load ~1.5 on the shared 2-core CPU
 def test_guess_grpo_wins_more_games_in_fewer_moves(tmp_path: Path) -> None:
     report = run(load_config(RECIPES / "guess_grpo.toml"), tmp_path / "guess")
     before, after = report["eval_before"], report["eval_after"]
@@ -38,5 +38,5 @@ def test_guess_grpo_wins_more_games_in_fewer_moves(tmp_path: Path) -> None:
     msg = (f"greedy success on every secret {before[win]:.3f} -> {after[win]:.3f}, turns per success "
            f"{before[turns]:.2f} -> {after[turns]:.2f}")
     print(msg)
-    assert after[win] >= before[win] + 0.06, msg  # 28 of 31 secrets after SFT: at least 2 more won
+    assert after[win] >= before[win] + 0.06, msg  # 27 of 31 secrets after SFT: at least 2 more won
     assert after[turns] < before[turns], msg
