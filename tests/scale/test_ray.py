@@ -135,15 +135,22 @@ def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_pa
     assert all(0 < w <= 2.0 for w in stale) and any(abs(w - 1) > 1e-3 for w in stale), stale
 
 
+def resumed_against_uninterrupted(model_dir: Path, tmp_path: Path, cfg: RunConfig):
+    """`cfg` run in one go, and run for 2 steps then resumed from that checkpoint to the end, with 2 workers:
+    (uninterrupted model, its rows, resumed model, the resumed run's rows, completions it scored)."""
+    want, want_rows, _ = run(model_dir, tmp_path / "full", cfg, 2)
+    half = cfg.model_copy(deep=True)
+    half.algo.steps = 2
+    run(model_dir, tmp_path / "half", half, 2)
+    ckpt = resolve_resume(tmp_path / "half")
+    got, rows, scored = run(ckpt, tmp_path / "half", cfg, 2, resume_from=ckpt)
+    return want, want_rows, got, rows, scored
+
+
 def test_asynchronous_resume_is_bit_exact(tiny_model_dir, tmp_path):
     cfg = config(4, rollout_workers=2, max_staleness=1).model_copy(deep=True)
     cfg.train.checkpoint_every = 2
-    want, want_rows, _ = run(tiny_model_dir, tmp_path / "full", cfg, 2)
-    half = cfg.model_copy(deep=True)
-    half.algo.steps = 2
-    run(tiny_model_dir, tmp_path / "half", half, 2)
-    ckpt = resolve_resume(tmp_path / "half")
-    got, rows, _ = run(ckpt, tmp_path / "half", cfg, 2, resume_from=ckpt)
+    want, want_rows, got, rows, _ = resumed_against_uninterrupted(tiny_model_dir, tmp_path, cfg)
     assert_same_parameters(got, want)
     assert [rows[s]["reward/mean"] for s in (3, 4)] == [want_rows[s]["reward/mean"] for s in (3, 4)]
     shutil.rmtree(tmp_path)
@@ -154,12 +161,7 @@ def test_synchronous_resume_is_bit_exact(tiny_model_dir, tmp_path):
     # 2 steps with a checkpoint, then a resume to 4, against 4 steps in one go: the restored generator states and
     # the resumed weights sent to the workers must give the same rows, losses and parameters
     cfg = config(4, rollout_workers=2)
-    want, want_rows, _ = run(tiny_model_dir, tmp_path / "full", cfg, 2)
-    half = cfg.model_copy(deep=True)
-    half.algo.steps = 2
-    run(tiny_model_dir, tmp_path / "half", half, 2)
-    ckpt = resolve_resume(tmp_path / "half")
-    got, rows, scored = run(ckpt, tmp_path / "half", cfg, 2, resume_from=ckpt)
+    want, want_rows, got, rows, scored = resumed_against_uninterrupted(tiny_model_dir, tmp_path, cfg)
     assert_same_parameters(got, want)
     for step in (3, 4):
         for key in KEYS:
