@@ -283,6 +283,8 @@ class ScaleConfig(Section):
     max_staleness: int = Field(0, ge=0, le=1, description=(
         "0: synchronous; 1: the next batch is sampled while the learner trains (one policy version old)"))
     importance_cap: float = Field(2.0, gt=0, description="truncation of the stale samples' importance weights")
+    learner: Literal["ddp", "fsdp"] = Field("ddp", description=(
+        "under torchrun: 'ddp' keeps the whole policy on every rank; 'fsdp' shards it over the ranks (FSDP2)"))
 
     @property
     def uses_ray(self) -> bool:
@@ -334,6 +336,8 @@ class RunConfig(Section):
             raise ValueError(f"rollout.backend = 'vllm' runs without Ray workers so far: set scale.rollout_workers = 0 "
                              f"and scale.reward_workers = 0 (got {self.scale.rollout_workers} and "
                              f"{self.scale.reward_workers})")
+        if self.scale.learner == "fsdp":
+            self._check_sharded_learner()
         if a.name == "grpo" and a.scale_advantages and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 for group-normalised advantages")
         if a.name == "rloo" and self.rollout.group_size < 2:
@@ -360,6 +364,30 @@ class RunConfig(Section):
             raise ValueError(f"[reward] is the reward of online RL ({', '.join(ONLINE_ALGOS)}); "
                              f"algo.name={a.name!r} does not use it")
         return self
+
+
+    def _check_sharded_learner(self) -> None:
+        """What `scale.learner = 'fsdp'` does not run (yet): each setting named with its fix."""
+        refused = {
+            "algo.name": (self.algo.name not in ("grpo", "rloo"),
+                          f"is {self.algo.name!r}; the sharded learner trains grpo and rloo"),
+            "rollout.backend": (self.rollout.backend != "native", f"is {self.rollout.backend!r}; the ranks "
+                                "generate with the native sampler: set 'native'"),
+            "scale.rollout_workers / scale.reward_workers": (
+                self.scale.uses_ray, "use Ray workers; the ranks generate their own shares: set both to 0"),
+            "lora.rank": (self.lora.rank > 0, f"is {self.lora.rank}; LoRA adapters are not sharded: set 0 "
+                                              "(full fine-tuning) or use scale.learner = 'ddp'"),
+            "sft.steps": (self.sft.steps > 0 and self.algo.name != "sft",
+                          f"is {self.sft.steps}; the SFT warm start runs unsharded: train it in its own run "
+                          "(algo.name = 'sft') and set model.path to the policy it saves, with sft.steps = 0"),
+            "train.precision": (self.train.precision != "fp32",
+                                f"is {self.train.precision!r}; the sharded learner is tested in fp32 only: set 'fp32'"),
+            "train.gradient_checkpointing": (self.train.gradient_checkpointing,
+                                             "is on; not tested with the sharded learner: set false"),
+        }
+        bad = [f"{key} {why}" for key, (wrong, why) in refused.items() if wrong]
+        if bad:
+            raise ValueError("scale.learner = 'fsdp': " + "; ".join(bad))
 
 
 def _location(loc: tuple[Any, ...]) -> str:

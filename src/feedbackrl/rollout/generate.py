@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -332,7 +333,7 @@ def _sample(probs: Tensor, generator: torch.Generator | None, rows: Rows | None 
 def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None, min_new_tokens: int = 0,
-             rows: slice | None = None) -> Rollout:
+             rows: slice | None = None, all_done: Callable[[Tensor], bool] | None = None) -> Rollout:
     """Sample one completion per prompt (repeat prompts for groups). Stops per row at any of the model's
     end tokens (`models.chat.end_token_ids`: the generation config's EOS list and the tokenizer's EOS).
 
@@ -340,17 +341,19 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     make every completion exactly `max_new_tokens` long). `rows` generates only that share of `prompts`
     (a rollout worker's), with the whole batch's padding and sampling stream: each row's completion is
     the one the whole batch would give it. Each decode step draws len(prompts) uniforms from `generator`.
+    `all_done` decides from the rows' (n,) done flags whether decoding stops (default: when all are done);
+    ranks that share a sharded model pass one that agrees across the ranks, so all make the same calls.
     """
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     return generate_ids(model, tokenizer, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p, greedy,
-                        generator, min_new_tokens, rows)
+                        generator, min_new_tokens, rows, all_done)
 
 
 @torch.no_grad()
 def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: Tensor, prompt_mask: Tensor,
                  max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                  generator: torch.Generator | None = None, min_new_tokens: int = 0,
-                 rows: slice | None = None) -> Rollout:
+                 rows: slice | None = None, all_done: Callable[[Tensor], bool] | None = None) -> Rollout:
     """`generate` from token ids: prompt_ids, prompt_mask (N, P) left-padded (multi-turn episodes continue
     from the exact tokens sampled so far, special tokens included, which re-encoding text would not keep)."""
     if max_new_tokens < 1:
@@ -382,7 +385,7 @@ def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pro
             completion_ids[:, t] = tok.masked_fill_(done, pad)
             logps[:, t] = logp.masked_fill_(done, 0.0)
             done |= torch.isin(tok, eos)
-            if t + 1 == max_new_tokens or bool(done.all()):
+            if t + 1 == max_new_tokens or (all_done(done) if all_done is not None else bool(done.all())):
                 break
             pos = pos + 1
             logits = decoder(tok[:, None], pos)

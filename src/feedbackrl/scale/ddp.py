@@ -52,6 +52,7 @@ class TorchrunRanks:
     world: int
     local_world: int  # ranks on this node, who share its cores
     backend: str
+    sharded = False  # every rank holds the whole policy (`scale/fsdp.py` shards it)
 
     @property
     def main(self) -> bool:
@@ -120,6 +121,26 @@ class TorchrunRanks:
         for t in model.state_dict().values():
             dist.broadcast(t, src=0)
 
+    def all_done(self, done: Tensor) -> bool:
+        return bool(done.all())  # each rank stops when its own rows are done: its forward calls are its own
+
+    def shard(self, model: PreTrainedModel) -> PreTrainedModel:
+        return model
+
+    def full_model(self, model: PreTrainedModel) -> PreTrainedModel | None:
+        return model
+
+    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        return optimizer.state_dict()
+
+    @torch.no_grad()
+    def load_model_state(self, model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+        model.load_state_dict(state)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
     def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
                   cfg: RolloutConfig) -> ShardedCollector:
         if isinstance(task, EpisodicTask):
@@ -155,7 +176,8 @@ class ShardedCollector:
         owners = sample_owners(self.task, c, prompt_rng)  # the same problems on every rank: the same streams
         g = torch.Generator(sample_rng.device).set_state(sample_rng.get_state())
         mine = generate(self.model, self.tokenizer, [p.prompt for p in owners], c.max_new_tokens, c.temperature,
-                        c.top_p, generator=g, min_new_tokens=c.min_new_tokens, rows=self.ranks.share(len(owners)))
+                        c.top_p, generator=g, min_new_tokens=c.min_new_tokens, rows=self.ranks.share(len(owners)),
+                        all_done=self.ranks.all_done)
         parts: list[Any] = [None] * self.ranks.world
         dist.all_gather_object(parts, _moved(mine, "cpu"))
         ro = _moved(join_rollouts(parts, self.tokenizer.pad_token_id), self.model.device)

@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.load import load_policy
+from feedbackrl.train.context import OneProcess, Ranks
 
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "run_config.json"  # not config.json: that name is the HF model config
@@ -43,14 +45,14 @@ class TrainerState:
     task_state: dict[str, Any] | None = None
 
 
-def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer | None, step: int,
+def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer_state: dict[str, Any] | None, step: int,
                     prompt_rng: random.Random, sample_rng: torch.Generator, config_json: str,
                     task_state: dict[str, Any] | None = None, extras: dict[str, Any] | None = None) -> Path:
     """Write atomically: into a temp dir, then rename, so a crash never leaves half a checkpoint.
 
     `extras` maps file names to state dicts the algorithm needs besides the policy (PPO's value head).
-    A LoRA model writes its adapter only (its base is recorded by path). `optimizer=None` leaves the
-    optimizer state out (`train.save_optimizer = false`: for a 135M model 1 GB of the 1.6 GB).
+    A LoRA model writes its adapter only (its base is recorded by path). `optimizer_state` is the optimizer's
+    `state_dict()`; None leaves it out (`train.save_optimizer = false`: for a 135M model 1 GB of the 1.6 GB).
     """
     final = Path(out_dir) / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
@@ -58,7 +60,7 @@ def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer: torch.
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, "optimizer": None if optimizer is None else optimizer.state_dict(),
+    torch.save({"step": step, "optimizer": optimizer_state,
                 "prompt_rng": prompt_rng.getstate(), "sample_rng": sample_rng.get_state(),
                 "torch_rng": torch.get_rng_state(), "task_state": task_state}, tmp / STATE_FILE)
     for name, state in (extras or {}).items():
@@ -114,11 +116,13 @@ def read_config_json(ckpt: Path) -> dict[str, Any]:
 
 
 def restore(ckpt: Path, optimizer: torch.optim.Optimizer, prompt_rng: random.Random, sample_rng: torch.Generator,
-            task: Any) -> int:
-    """Put an on-policy loop back where `ckpt` left it (optimizer, RNG streams, task state); -> its step."""
+            task: Any, load_optimizer: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Put an on-policy loop back where `ckpt` left it (optimizer, RNG streams, task state); -> its step.
+    `load_optimizer` puts the saved optimizer state in (default `optimizer.load_state_dict`; a sharded
+    learner's ranks each keep their shard of it)."""
     state = load_trainer_state(ckpt)
     if state.optimizer is not None:
-        optimizer.load_state_dict(state.optimizer)
+        (load_optimizer or optimizer.load_state_dict)(state.optimizer)
     else:  # saved with train.save_optimizer = false
         warnings.warn(f"{ckpt} has no optimizer state (train.save_optimizer = false): AdamW restarts from zero "
                       "moments, so the resumed run is not exact", stacklevel=2)
@@ -140,23 +144,33 @@ def load_extra(ckpt: Path, name: str) -> Any:
 
 def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
                      resume_from: Path | None, source: str | Path | None = None,
-                     record: bool = True) -> PreTrainedModel:
+                     ranks: Ranks | None = None) -> PreTrainedModel:
     """The reference is the policy as it was when RL started, recorded once so a resume reloads it.
 
     When those weights already sit in a model directory (`source`: the SFT policy the run saved, the
     model it loaded), OUT/reference.json points at it and nothing is copied; otherwise the reference is
     saved to OUT/reference/. A resume reads it from the checkpoint's own run dir (RUN/checkpoints/step_N
-    -> RUN), so resuming into a new out dir never freezes the resumed policy instead. `record=False` (a
-    data-parallel rank other than 0) only builds the reference.
+    -> RUN), so resuming into a new out dir never freezes the resumed policy instead. Under `torchrun`
+    (`ranks`) only rank 0 records it. A sharded policy (`Ranks.sharded`) cannot be deep-copied: its
+    reference is read from `source`, or from the copy rank 0 saves of the gathered policy, and sharded.
     """
+    ranks = ranks or OneProcess()
+    if resume_from is None and ranks.sharded and source is None:  # a copy to read back: written, then read
+        whole = ranks.full_model(model)
+        if ranks.main:
+            whole.save_pretrained(Path(out_dir) / REFERENCE_DIR)
+            tokenizer.save_pretrained(Path(out_dir) / REFERENCE_DIR)
+        ranks.barrier()
+        return ranks.shard(load_policy(str(Path(out_dir) / REFERENCE_DIR)).eval().requires_grad_(False))
     if resume_from is None:
-        ref, pointer = copy.deepcopy(model), Path(source).resolve() if source is not None else None
+        pointer = Path(source).resolve() if source is not None else None
+        ref = copy.deepcopy(model) if not ranks.sharded else load_policy(str(pointer))
     else:
         run_dir = Path(resume_from).parent.parent
         ref, pointer = _saved_reference(run_dir, resume_from)
-        ref = ref.to(model.device)
+        ref = ref.to(model.device) if not ranks.sharded else ref
     same_dir = resume_from is not None and Path(resume_from).parent.parent.resolve() == Path(out_dir).resolve()
-    if record and not same_dir:
+    if ranks.main and not same_dir:
         if pointer is not None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             (Path(out_dir) / REFERENCE_POINTER).write_text(json.dumps({"path": str(pointer)}) + "\n")
@@ -164,7 +178,7 @@ def frozen_reference(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             ref.save_pretrained(Path(out_dir) / REFERENCE_DIR)
             tokenizer.save_pretrained(Path(out_dir) / REFERENCE_DIR)
     ref.eval().requires_grad_(False)
-    return ref
+    return ranks.shard(ref)
 
 
 def _saved_reference(run_dir: Path, resume_from: Path) -> tuple[PreTrainedModel, Path | None]:

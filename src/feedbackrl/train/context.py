@@ -25,12 +25,14 @@ from feedbackrl.train.collect import Collector, InProcessCollector, Scorer
 
 class Ranks(Protocol):
     """The learner's processes: this one alone (`OneProcess`), or `torchrun`'s data-parallel ranks
-    (`scale/ddp.py`: each rank trains on its share of every minibatch, gradients summed)."""
+    (`scale/ddp.py`: each rank trains on its share of every minibatch, gradients summed; `scale/fsdp.py`:
+    the same with the policy sharded over the ranks)."""
 
     rank: int
     world: int
     local_world: int  # processes on this node, sharing its cores
     backend: str  # torch.distributed's: "gloo", "nccl"; "" in one process
+    sharded: bool  # the policy is split over the ranks: every forward is collective, so all ranks make each one
 
     @property
     def main(self) -> bool: ...  # rank 0: the one that writes metrics, checkpoints and the report
@@ -49,6 +51,20 @@ class Ranks(Protocol):
 
     def sync_parameters(self, model: torch.nn.Module) -> None: ...  # rank 0's weights on every rank
 
+    def all_done(self, done: Tensor) -> bool: ...  # (n,) rows' done flags -> stop decoding (all ranks agree if sharded)
+
+    def shard(self, model: PreTrainedModel) -> PreTrainedModel: ...  # on this rank's device, sharded if `sharded`
+
+    def full_model(self, model: PreTrainedModel) -> PreTrainedModel | None: ...  # whole, as saved; None off rank 0
+
+    def full_optimizer_state(self, model: torch.nn.Module,
+                             optimizer: torch.optim.Optimizer) -> dict[str, Any] | None: ...  # one process's format
+
+    def load_model_state(self, model: torch.nn.Module, state: dict[str, Tensor]) -> None: ...  # a whole state dict
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             state: dict[str, Any]) -> None: ...  # one process's format
+
     def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
                   cfg: RolloutConfig) -> Collector: ...
 
@@ -64,6 +80,7 @@ class OneProcess:
     local_world: int = 1
     backend: str = ""
     main: bool = True
+    sharded: bool = False
 
     def share(self, n: int) -> slice:
         return slice(0, n)
@@ -85,6 +102,26 @@ class OneProcess:
 
     def sync_parameters(self, model: torch.nn.Module) -> None:
         pass
+
+    def all_done(self, done: Tensor) -> bool:
+        return bool(done.all())
+
+    def shard(self, model: PreTrainedModel) -> PreTrainedModel:
+        return model
+
+    def full_model(self, model: PreTrainedModel) -> PreTrainedModel | None:
+        return model
+
+    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        return optimizer.state_dict()
+
+    @torch.no_grad()
+    def load_model_state(self, model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+        model.load_state_dict(state)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
 
     def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
                   cfg: RolloutConfig) -> Collector:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.envs.base import Task
@@ -41,7 +43,7 @@ def _batches(items: list[Problem], size: int) -> list[list[Problem]]:
 def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, problems: list[Problem],
              max_new_tokens: int, k: int = 4, temperature: float = 1.0, batch_size: int = 256,
              seed: int = 1234, n_samples: int = 5, truncated_fails: bool = False,
-             warn_truncated: float = 0.1) -> EvalResult:
+             warn_truncated: float = 0.1, all_done: Callable[[Tensor], bool] | None = None) -> EvalResult:
     """Greedy accuracy and pass@k (k = 0: greedy only, pass@k is NaN). Sampling uses its own generator,
     so evaluating mid-run never perturbs the training RNG streams (resumed runs stay exact). Episodic
     tasks play whole episodes; external tasks (`envs/external.py`) play them against the served policy.
@@ -49,6 +51,7 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
     Reports the fraction of greedy answers cut off by `max_new_tokens` and warns above `warn_truncated`
     (an answer cut off is usually graded on text that never reached its end); `truncated_fails` fails them.
     Episodic tasks play whole episodes (`train/episodes.py`; the truncation options do not apply there).
+    `all_done`: when decoding stops (`generate`); ranks that share a sharded policy all evaluate, in step.
     """
     if isinstance(task, ExternalTask):  # another program plays the episodes against the served policy
         from feedbackrl.train.external import evaluate_external  # it returns an EvalResult: imported here
@@ -61,7 +64,7 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
     gen = torch.Generator().manual_seed(seed)
     correct, any_correct, lengths, cut, samples = 0, 0, 0, 0, []
     for batch in _batches(problems, max(1, batch_size // max(k, 1))):
-        greedy = generate(model, tokenizer, [p.prompt for p in batch], max_new_tokens, greedy=True)
+        greedy = generate(model, tokenizer, [p.prompt for p in batch], max_new_tokens, greedy=True, all_done=all_done)
         lengths += int(greedy.completion_mask.sum())
         cut += int(greedy.truncated.sum())
         ok = [task.verify(p, t).passed and not (truncated_fails and c)
@@ -73,7 +76,7 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
         if not k:  # greedy only
             continue
         sampled = generate(model, tokenizer, [p.prompt for p in batch for _ in range(k)], max_new_tokens,
-                           temperature=temperature, generator=gen)
+                           temperature=temperature, generator=gen, all_done=all_done)
         for i, p in enumerate(batch):
             hits = [task.verify(p, t).passed and not (truncated_fails and c)
                     for t, c in zip(sampled.texts[i * k : (i + 1) * k], sampled.truncated[i * k : (i + 1) * k].tolist(),

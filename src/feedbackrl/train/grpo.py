@@ -106,7 +106,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     start = 0
     if resume_from is not None:
-        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
+        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task,
+                        load_optimizer=functools.partial(ranks.load_optimizer_state, model, optimizer))
         console.print(f"resumed from {resume_from} at step {start}")
         collector.update(model, start)  # the resumed weights are policy version `start`
     monitor = live_monitor(cfg, out_dir, monitor, task)
@@ -115,7 +116,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     # LoRA: the reference is the base model with the adapters disabled, no second copy
     ref = None
     if wants_ref and not is_lora(model):
-        ref = frozen_reference(model, tokenizer, out_dir, resume_from, reference_source, record=ranks.main)
+        ref = frozen_reference(model, tokenizer, out_dir, resume_from, reference_source, ranks=ranks)
     precision = functools.partial(train_autocast, cfg.train.precision, model.device)
     aggregate = AGGREGATIONS[a.aggregation]
     n_updates = a.epochs * a.minibatches
@@ -123,10 +124,13 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
-        if not ranks.main:  # rank 0 writes; the replicas are equal
+        if not (ranks.main or ranks.sharded):  # rank 0 writes; the replicas are equal
             return
-        save_checkpoint(out_dir, model, tokenizer, optimizer if cfg.train.save_optimizer else None, step, prompt_rng,
-                        sample_rng, cfg.model_dump_json(indent=2), task.state_dict())
+        whole = ranks.full_model(model)  # a sharded policy's ranks all take part in gathering it to rank 0
+        state = ranks.full_optimizer_state(model, optimizer) if cfg.train.save_optimizer else None
+        if ranks.main:
+            save_checkpoint(out_dir, whole, tokenizer, state, step, prompt_rng, sample_rng,
+                            cfg.model_dump_json(indent=2), task.state_dict())
 
     def checkpoint_after(step: int) -> bool:
         every = cfg.train.checkpoint_every
@@ -222,7 +226,8 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                        "perf/step_s": dt, "perf/tokens_per_s": float(batch.completion_mask.sum()) / dt}
             done = step + 1
             # 6. periodic eval and the monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
-            decision = after_step(cfg, done, batch, metrics, monitor, on_eval, kl_coef) if ranks.main else None
+            # rank 0's monitors; a sharded policy's ranks also evaluate with rank 0 (their `on_eval`)
+            decision = after_step(cfg, done, batch, metrics, monitor if ranks.main else None, on_eval, kl_coef)
             if monitor is not None:  # rank 0's monitors decide for every rank
                 decision = ranks.from_main(decision)
             if ranks.main:
@@ -237,7 +242,7 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 if decision.raise_kl:
                     kl_coef = monitor.raised_kl(kl_coef)
                 if decision.rollback:
-                    monitor.rolled_back(roll_back(out_dir, model, optimizer)[0])
+                    monitor.rolled_back(roll_back(out_dir, model, optimizer, ranks)[0])
                     collector.update(model, done)  # the workers sample from the rolled-back weights
                     continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:

@@ -18,6 +18,7 @@ from feedbackrl.envs.base import Task
 from feedbackrl.models.load import load_policy
 from feedbackrl.monitors.monitor import Decision, Monitor
 from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
+from feedbackrl.train.context import OneProcess, Ranks
 
 
 def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None, task: Task) -> Monitor | None:
@@ -45,17 +46,18 @@ def after_step(cfg: RunConfig, done: int, batch: Any, metrics: dict[str, Any], m
     return decision
 
 
-def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer) -> tuple[int, Path]:
+def roll_back(out_dir: Path, model: Any, optimizer: torch.optim.Optimizer,
+              ranks: Ranks | None = None) -> tuple[int, Path]:
     """Load the policy weights and optimizer state of the run's latest checkpoint; returns its step and dir.
+    Under `torchrun` every rank reads it (a sharded learner's ranks keep their shards: `ranks`).
 
     The RNGs are not restored: replaying the same samples would walk into the same hack.
     """
+    ranks = ranks or OneProcess()
     ckpt = latest_checkpoint(out_dir)
     if ckpt is None:
         raise CheckpointError(f"monitor asked for a rollback but {out_dir}/checkpoints holds no checkpoint")
-    saved = load_policy(str(ckpt))
-    with torch.no_grad():
-        model.load_state_dict(saved.state_dict())
+    ranks.load_model_state(model, load_policy(str(ckpt)).state_dict())
     state = load_trainer_state(ckpt)
-    optimizer.load_state_dict(state.optimizer)
+    ranks.load_optimizer_state(model, optimizer, state.optimizer)
     return state.step, ckpt

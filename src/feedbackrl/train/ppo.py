@@ -97,7 +97,7 @@ def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToken
     metrics: dict[str, Any] = {}
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(out_dir, model, tokenizer, optimizer, step, prompt_rng, sample_rng,
+        save_checkpoint(out_dir, model, tokenizer, optimizer.state_dict(), step, prompt_rng, sample_rng,
                         cfg.model_dump_json(indent=2), task.state_dict(),
                         extras={VALUE_HEAD_FILE: value_head.state_dict()})
 

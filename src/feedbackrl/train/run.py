@@ -11,7 +11,8 @@ under train/ (pure losses in algos/), its config class in config.py, and one lin
 
 Under `torchrun` (WORLD_SIZE > 1) every rank runs this path as one rank of a data-parallel learner
 (`scale/ddp.py`, for the algorithms marked `data_parallel`): rank 0 evaluates and writes everything
-below, the other ranks build the same policy and train in step with it.
+below, the other ranks build the same policy and train in step with it. With `scale.learner = "fsdp"`
+(`scale/fsdp.py`) the policy is sharded over the ranks and every rank evaluates with rank 0.
 
 `OUT/` after a run: `config.json` (the resolved config), `metrics.jsonl` (one line per step),
 `eval_before.json`, `report.json`, `curves.png`; `base_model/` when the model was built locally;
@@ -137,11 +138,14 @@ def make_sink(cfg: RunConfig, out_dir: Path) -> MetricsSink:
     return MultiSink(sinks)
 
 
-def run_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, cfg: RunConfig) -> EvalResult:
+def run_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, cfg: RunConfig,
+             ranks: Ranks | None = None) -> EvalResult:
+    """The held-out evaluation; a sharded policy's ranks all run it, in step (`Ranks.all_done`)."""
     problems = task.heldout(cfg.task.heldout_size)
     return evaluate(model, tokenizer, task, problems, cfg.rollout.max_new_tokens, k=cfg.eval.pass_k,
                     temperature=cfg.rollout.temperature, batch_size=cfg.eval.batch_size,
-                    truncated_fails=cfg.rollout.truncated_fails, warn_truncated=cfg.eval.warn_truncated)
+                    truncated_fails=cfg.rollout.truncated_fails, warn_truncated=cfg.eval.warn_truncated,
+                    all_done=(ranks or OneProcess()).all_done)
 
 
 def model_task(cfg: RunConfig, task: Task, tokenizer: PreTrainedTokenizerBase) -> Task:
@@ -177,12 +181,16 @@ def _eval_metrics(result: dict[str, Any], k: int) -> dict[str, Any]:
     return {"phase": "eval", "eval/accuracy": result["accuracy"], **sampled}
 
 
-def join_ranks(device: torch.device) -> tuple[Ranks, torch.device]:
+def join_ranks(device: torch.device, learner: str = "ddp") -> tuple[Ranks, torch.device]:
     """This process alone, or, launched by `torchrun` (WORLD_SIZE > 1), its rank of the data-parallel learner
-    and the device that rank trains on."""
+    (`scale.learner`: the whole policy on every rank, or sharded with FSDP2) and the device that rank trains on."""
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return OneProcess(), device
-    from feedbackrl.scale.ddp import TorchrunRanks  # torch.distributed glue: imported when launched so
+    if learner == "fsdp":
+        from feedbackrl.scale.fsdp import ShardedRanks  # torch.distributed glue: imported when launched so
+
+        return ShardedRanks.join(device)
+    from feedbackrl.scale.ddp import TorchrunRanks
 
     return TorchrunRanks.join(device)
 
@@ -204,6 +212,8 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
     if world > 1 and world > (rows := cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches):
         raise ConfigError(f"torchrun with {world} ranks: a minibatch holds {rows} rows "
                           "(rollout.prompts_per_step * rollout.group_size / algo.minibatches); every rank needs one")
+    if cfg.scale.learner == "fsdp":
+        check_sharded(cfg, world)
     device = resolve_device(cfg.train.device)
     if cfg.rollout.backend == "vllm":  # installed, and a GPU to run on: checked before any work
         from feedbackrl.scale.vllm_rollout import check_vllm
@@ -220,6 +230,19 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
     return entry, device, resolve_resume(resume) if resume is not None else None
 
 
+def check_sharded(cfg: RunConfig, world: int) -> None:
+    """`scale.learner = "fsdp"` needs torchrun's ranks, and equal shares of every minibatch: each training
+    forward is collective, so every rank must split its share into the same number of micro-batches."""
+    if world == 1:
+        raise ConfigError("scale.learner = 'fsdp' shards the policy over torchrun's ranks: launch with torchrun "
+                          "--nproc_per_node N (N >= 2), or set scale.learner = 'ddp' for one process")
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches
+    if rows % world:
+        raise ConfigError(f"scale.learner = 'fsdp' with {world} ranks: a minibatch holds {rows} rows "
+                          "(rollout.prompts_per_step * rollout.group_size / algo.minibatches), which the ranks "
+                          f"cannot share equally; make it a multiple of {world}")
+
+
 def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None, device: torch.device,
                    sink: MetricsSink, ranks: Ranks | None = None,
                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Task, dict[str, Any] | None]:
@@ -228,7 +251,9 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
     policy (adapters included) and the evaluation the run saved when it started.
 
     Under `torchrun` every rank builds (or loads) the policy and runs the SFT warm start, which needs no
-    communication; rank 0 alone evaluates and writes, and its weights are then broadcast to the others."""
+    communication; rank 0 alone evaluates and writes, and its weights are then broadcast to the others.
+    A sharded learner (`scale.learner = "fsdp"`) shards the policy onto the device instead (every rank has
+    loaded the same weights) and every rank evaluates; there is no warm start (the config refuses it)."""
     ranks = ranks or OneProcess()
     if ckpt is not None:
         if read_config_json(ckpt) != json.loads(cfg.model_dump_json()):
@@ -236,7 +261,8 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
         model, tokenizer = load_policy(str(ckpt)), load_tokenizer(str(ckpt))
     else:
         model, tokenizer = load_or_build(cfg, out_dir, ranks)
-    model = setup_policy(model.to(device), cfg.lora, cfg.train)  # [lora], gradient checkpointing, precision
+    # [lora], gradient checkpointing, precision; a sharded policy goes to the device shard by shard
+    model = ranks.shard(setup_policy(model if ranks.sharded else model.to(device), cfg.lora, cfg.train))
     task = model_task(cfg, task, tokenizer)
     before = None
     if ckpt is not None:
@@ -248,8 +274,9 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
             if ranks.main:
                 model.save_pretrained(out_dir / "sft_policy")
                 tokenizer.save_pretrained(out_dir / "sft_policy")
+        if ranks.main or ranks.sharded:
+            before = run_eval(model, tokenizer, task, cfg, ranks).to_dict()
         if ranks.main:
-            before = run_eval(model, tokenizer, task, cfg).to_dict()
             (out_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
             sink.log(0, _eval_metrics(before, cfg.eval.pass_k))
     ranks.sync_parameters(model)
@@ -259,7 +286,7 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
 def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
     """Run the recipe into `out_dir`; with `resume`, continue from a checkpoint (SFT is not redone)."""
     entry, device, ckpt = check_run(cfg, resume)
-    ranks, device = join_ranks(device)
+    ranks, device = join_ranks(device, cfg.scale.learner)
     try:
         if not ranks.main:  # the other ranks train in step with rank 0, which evaluates and reports
             _train_on_rank(cfg, entry, out_dir, device, ckpt, ranks)
@@ -271,13 +298,17 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -
 
 def _train_on_rank(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.device, ckpt: Path | None,
                    ranks: Ranks) -> None:
-    """A `torchrun` rank other than 0: the policy, then the algorithm's collectives; it writes nothing."""
+    """A `torchrun` rank other than 0: the policy, then the algorithm's collectives; it writes nothing. A
+    sharded policy's rank also runs rank 0's evaluations with it (their results are rank 0's to write)."""
     out_dir = start_run(cfg, out_dir, ranks)
     sink = MultiSink([])
     model, tokenizer, task, _ = prepare_policy(cfg, make_task(cfg.task), out_dir, ckpt, device, sink, ranks)
     scorer = task_scorer(task)  # never called: rank 0 scores, this rank receives its verdicts
     start = None if ckpt is not None else start_dir(cfg, out_dir)
-    entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, None, start, ranks))
+    on_eval = (lambda step: run_eval(model, tokenizer, task, cfg, ranks).to_dict()) if ranks.sharded else None
+    entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, on_eval, start, ranks))
+    if ranks.sharded and entry.trains_policy:
+        run_eval(model, tokenizer, task, cfg, ranks)
 
 
 def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.device, ckpt: Path | None,
@@ -294,10 +325,11 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
         report["data_parallel_ranks"] = ranks.world
     try:
         model, tokenizer, task, before = prepare_policy(cfg, task, out_dir, ckpt, device, sink, ranks)
-        baseline = copy.deepcopy(model).eval() if proxy and entry.trains_policy else None
+        # a sharded policy cannot be deep-copied, and the comparison would have to run on every rank
+        baseline = copy.deepcopy(model).eval() if proxy and entry.trains_policy and not ranks.sharded else None
 
         def on_eval(step: int) -> dict[str, Any]:
-            r = run_eval(model, tokenizer, task, cfg)
+            r = run_eval(model, tokenizer, task, cfg, ranks)
             return {k: v for k, v in _eval_metrics(r.to_dict(), r.k).items() if k != "phase"}
 
         gold = gold_score_for(task) if proxy else None  # the hidden score a proxy-trained policy is judged by
@@ -309,7 +341,7 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
         report["train_seconds"] = time.perf_counter() - t_train
         report["eval_before"], report["eval_after"] = before, None
         if entry.trains_policy:
-            after = run_eval(model, tokenizer, task, cfg).to_dict()
+            after = run_eval(model, tokenizer, task, cfg, ranks).to_dict()
             # at the algorithm's last step, not a longer SFT warm start's
             last = max((r["step"] for r in read_jsonl(out_dir / "metrics.jsonl") if r.get("phase") != "sft"),
                        default=0)
@@ -319,6 +351,9 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
             baseline = None
             report["no_gold"] = (f"trained on preferences from {report['prefs']['source']} that carry no gold score: "
                                  "no gold comparison with the starting policy; judge it on your own held-out data")
+        if ranks.sharded and proxy and gold is not None and entry.trains_policy:
+            report["no_gold"] = ("scale.learner = 'fsdp': no gold comparison with the starting policy (a sharded "
+                                 "policy is not copied for it); compare the last checkpoint in one process")
         if baseline is not None and gold is not None:
             report["gold_vs_sft"] = gold_comparison(model, baseline, tokenizer, task.heldout(cfg.task.heldout_size),
                                                     gold, cfg.rollout.max_new_tokens, cfg.rollout.temperature)
