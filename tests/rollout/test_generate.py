@@ -133,3 +133,27 @@ def test_top_p_boundary_is_exact():
     assert torch.isfinite(out[0]).sum() == 2
     assert torch.isfinite(out[1]).nonzero()[:, 0].tolist() == [1]
     assert torch.isfinite(_top_p_filter(torch.zeros(1, 4), 0.75)).sum() == 3
+
+
+def test_all_done_decides_when_decoding_stops(tokenizer):
+    # what the sharded learner's ranks rely on: a rank whose own rows are all done keeps decoding (same forward
+    # calls as the others) until `all_done` says every rank's rows are, and its completions do not change
+    from feedbackrl.models.tiny import build_model
+
+    model = build_model(tokenizer, "tiny", seed=0)
+
+    def sample(**kw):  # seed 5: both rows end early, the last at token 30 of 40
+        return generate(model, tokenizer, ["ab", "abc"], 40, temperature=5.0,
+                        generator=torch.Generator().manual_seed(5), **kw)
+
+    alone, seen = sample(), []
+    assert alone.completion_ids.shape[1] == 30 and alone.completion_mask.sum(1).tolist() == [13, 30]
+    same = sample(all_done=lambda done: seen.append(done.clone()) or bool(done.all()))
+    assert torch.equal(same.completion_ids, alone.completion_ids) and len(seen) == 30  # after tokens 1..30
+    assert seen[12].tolist() == [True, False] and seen[11].tolist() == [False, False] and seen[29].all()
+    held = sample(all_done=lambda done: False)  # another rank still has a row going: run to max_new_tokens
+    assert held.completion_ids.shape[1] == 40
+    assert torch.equal(held.completion_ids[:, :30], alone.completion_ids)
+    assert (held.completion_ids[:, 30:] == tokenizer.pad_token_id).all()
+    assert torch.equal(held.completion_mask[:, :30], alone.completion_mask) and not held.completion_mask[:, 30:].any()
+    assert held.texts == alone.texts and torch.equal(held.logprobs[:, :30], alone.logprobs)

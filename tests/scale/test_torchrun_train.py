@@ -1,4 +1,5 @@
-"""`feedbackrl train` under `torchrun`: 2 data-parallel ranks (gloo) against one process, and resumed.
+"""`feedbackrl train` under `torchrun`: 2 data-parallel ranks (gloo) against one process, and resumed, with
+the whole policy on every rank (`scale.learner = "ddp"`) or sharded over them (`"fsdp"`).
 
 The demo recipe, cut to 4 GRPO steps of 16 completions (2 epochs x 2 minibatches of 8 rows, so each
 rank trains on 4 rows per update), a KL term, and a regex reward that a fresh tiny model passes
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from feedbackrl.config import ConfigError, build_config
+from feedbackrl.envs.registry import make_task
+from feedbackrl.scale.fsdp import ShardedRanks
 from feedbackrl.scale.threads import threads_per_process
 from feedbackrl.train.context import OneProcess
 from feedbackrl.train.run import check_run, start_run
@@ -27,6 +31,11 @@ SETS = ["sft.steps=0", "algo.steps=4", "rollout.prompts_per_step=4", "rollout.gr
         "algo.minibatches=2", "algo.kl_coef=0.05", "algo.lr=2e-3", "reward.source=regex", "reward.pattern=.*[a-c].*",
         "task.heldout_size=16", "eval.every=2", "eval.pass_k=0", "train.threads=1", "train.checkpoint_every=2"]
 LOSSES = ("loss/policy", "loss/kl", "kl/mean", "entropy/mean", "grad_norm")
+FSDP = ("--set", "scale.learner=fsdp")
+# a detector that fires on every step, set to roll back: rollbacks at steps 1 and 2, then (none left) a stop at 3
+ROLLBACK = ("--set", 'monitors.detectors=["zero_variance"]', "--set",
+            "monitors.options={zero_variance={window=1,max_frac=0.0}}", "--set",
+            'monitors.actions={zero_variance="rollback"}')
 
 
 def train(out: Path, ranks: int, *extra: str) -> str:
@@ -50,14 +59,20 @@ def params(out: Path, step: int = 4) -> dict[str, torch.Tensor]:
     return load_file(out / "checkpoints" / f"step_{step:06d}" / "model.safetensors")
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "one"
+    train(out, 1)
+    return out
+
+
 @pytest.mark.slow
-def test_two_ranks_train_as_one_process_and_resume(tmp_path):
-    train(tmp_path / "one", 1)
+def test_two_ranks_train_as_one_process_and_resume(tmp_path, one_process):
     # one process whose micro-batches are the ranks' shares: the same sums in the same order as 2 ranks
     train(tmp_path / "micro", 1, "--set", "train.micro_batch_size=4")
     log = train(tmp_path / "two", 2)
     assert "data-parallel learner: 2 ranks (gloo), 2 on this node with 1 thread(s) each" in log
-    one, micro, two = (rl_rows(tmp_path / d) for d in ("one", "micro", "two"))
+    one, micro, two = rl_rows(one_process), rl_rows(tmp_path / "micro"), rl_rows(tmp_path / "two")
     assert sorted(two) == [1, 2, 3, 4]
     assert json.loads((tmp_path / "two" / "report.json").read_text())["data_parallel_ranks"] == 2
     assert len({r["reward/mean"] for r in one.values()}) > 1  # the policy learned: 0.25 -> 0.5 here
@@ -74,7 +89,7 @@ def test_two_ranks_train_as_one_process_and_resume(tmp_path):
             assert two[step][key] == micro[step][key], (step, key)
     # 16 AdamW updates of lr 2e-3 (each moves a weight by up to 2e-3): the same weights to within 1e-4
     # (1.2e-5 measured), and exactly the micro-batched process's
-    want, got, same_sums = params(tmp_path / "one"), params(tmp_path / "two"), params(tmp_path / "micro")
+    want, got, same_sums = params(one_process), params(tmp_path / "two"), params(tmp_path / "micro")
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-4, msg=k)
         assert torch.equal(got[k], same_sums[k]), k
@@ -87,6 +102,112 @@ def test_two_ranks_train_as_one_process_and_resume(tmp_path):
         for key in ("reward/mean", *LOSSES):
             assert resumed[step][key] == two[step][key], (step, key)
     assert all(torch.equal(t, got[k]) for k, t in params(tmp_path / "resumed").items())
+
+
+def trainer_state(out: Path, step: int) -> dict:
+    return torch.load(out / "checkpoints" / f"step_{step:06d}" / "trainer_state.pt", weights_only=False)
+
+
+@pytest.mark.slow
+def test_fsdp_trains_as_one_process_and_resumes(tmp_path, one_process):
+    log = train(tmp_path / "fsdp", 2, *FSDP)
+    assert "2 ranks (gloo), 2 on this node with 1 thread(s) each, the policy sharded over them (FSDP2)" in log
+    one, fsdp = rl_rows(one_process), rl_rows(tmp_path / "fsdp")
+    assert sorted(fsdp) == [1, 2, 3, 4] and len({r["reward/mean"] for r in one.values()}) > 1
+    report = json.loads((tmp_path / "fsdp" / "report.json").read_text())
+    assert report["learner"] == "fsdp" and "no gold comparison" in report["no_gold"]
+    for step in one:
+        # the same completions every step (each rank decodes its share until every rank's rows are done), and
+        # the same held-out evaluation, which every rank ran in step with rank 0
+        for key in ("reward/mean", "reward/std", "rollout/len_mean", "eval/accuracy"):
+            assert fsdp[step].get(key) == one[step].get(key), (step, key)
+        # a sharded model trains through transformers' forward (FSDP's hooks keep our fused forward off), which
+        # rounds differently: 4.4e-6 relative at most, measured
+        for key in LOSSES:
+            assert fsdp[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
+    # 16 AdamW updates of lr 2e-3: 4.6e-5 apart at most, measured (DDP, through the fused forward: 1.2e-5)
+    want, got = params(one_process), params(tmp_path / "fsdp")
+    assert sorted(got) == sorted(want)  # one process's checkpoint format: the same tensors, tied head included
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=2e-4, msg=k)
+    ckpt = Path("checkpoints") / "step_000004"
+    assert (json.loads((tmp_path / "fsdp" / ckpt / "config.json").read_text())
+            == json.loads((one_process / ckpt / "config.json").read_text()))  # a plain Llama, not FSDPLlama...
+    mine, theirs = trainer_state(tmp_path / "fsdp", 4)["optimizer"], trainer_state(one_process, 4)["optimizer"]
+    assert mine["param_groups"] == theirs["param_groups"] and sorted(mine["state"]) == sorted(theirs["state"])
+    for i, state in theirs["state"].items():  # gathered AdamW moments, numbered as one process numbers them
+        for k, t in state.items():
+            torch.testing.assert_close(mine["state"][i][k], t, rtol=0, atol=2e-4 if k == "exp_avg" else 1e-5)
+
+    # resumed on 2 sharded ranks from step 2: steps 3 and 4 exactly as the uninterrupted run
+    checkpoint = str(tmp_path / "fsdp" / "checkpoints" / "step_000002")
+    train(tmp_path / "resumed", 2, *FSDP, "--resume", checkpoint)
+    resumed = rl_rows(tmp_path / "resumed")
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        for key in ("reward/mean", *LOSSES):
+            assert resumed[step][key] == fsdp[step][key], (step, key)
+    assert all(torch.equal(t, got[k]) for k, t in params(tmp_path / "resumed").items())
+    # one process resumes from the sharded run's checkpoint too (1.2e-7 from the sharded run's weights, measured)
+    train(tmp_path / "alone", 1, "--resume", checkpoint)
+    alone = rl_rows(tmp_path / "alone")
+    for step in (3, 4):
+        assert alone[step]["reward/mean"] == fsdp[step]["reward/mean"], step
+        for key in LOSSES:
+            assert alone[step][key] == pytest.approx(fsdp[step][key], rel=1e-4, abs=1e-6), (step, key)
+    for k, t in params(tmp_path / "alone").items():
+        torch.testing.assert_close(t, got[k], rtol=0, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_fsdp_monitor_rollbacks_as_one_process(tmp_path, tiny_model_dir):
+    train(tmp_path / "one", 1, *ROLLBACK)
+    train(tmp_path / "fsdp", 2, *FSDP, *ROLLBACK)
+    actions = [[a["action"] for a in map(json.loads, (tmp_path / d / "alerts.jsonl").read_text().splitlines())]
+               for d in ("one", "fsdp")]
+    assert actions == [["rollback", "rollback", "stop"]] * 2
+    one, fsdp = rl_rows(tmp_path / "one"), rl_rows(tmp_path / "fsdp")
+    assert sorted(fsdp) == [1, 2, 3]
+    for step in one:
+        assert fsdp[step]["reward/mean"] == one[step]["reward/mean"], step
+        for key in LOSSES:
+            assert fsdp[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
+    # the checkpoint rolled back to twice: the sharded start gathered whole, exactly the built model's weights
+    start = load_file(tmp_path / "fsdp" / "base_model" / "model.safetensors")
+    assert all(torch.equal(t, start[k]) for k, t in params(tmp_path / "fsdp", 0).items())
+    for k, t in params(tmp_path / "one", 3).items():  # 7.4e-5 apart at most, measured
+        torch.testing.assert_close(params(tmp_path / "fsdp", 3)[k], t, rtol=0, atol=2e-4, msg=k)
+
+
+def test_fsdp_refuses_what_it_does_not_run(monkeypatch):
+    with pytest.raises(ConfigError, match=r"scale.learner: Input should be 'ddp' or 'fsdp' \(got 'zero3'\)"):
+        build_config({"scale": {"learner": "zero3"}})
+    refused = {  # each setting the sharded learner does not run, and what its message names
+        "algo.name is 'ppo'": {"algo": {"name": "ppo", "minibatches": 1}},
+        "rollout.backend is 'vllm'": {"rollout": {"backend": "vllm"}},
+        "scale.rollout_workers / scale.reward_workers use Ray workers": {"scale": {"reward_workers": 1}},
+        "lora.rank is 8; LoRA adapters are not sharded": {"lora": {"rank": 8}},
+        "sft.steps is 10; the SFT warm start runs unsharded": {"sft": {"steps": 10}},
+        "train.precision is 'bf16'": {"train": {"precision": "bf16"}},
+        "train.gradient_checkpointing is on": {"train": {"gradient_checkpointing": True}},
+    }
+    for message, section in refused.items():
+        scale = {"learner": "fsdp", **section.get("scale", {})}
+        with pytest.raises(ConfigError, match=re.escape(f"scale.learner = 'fsdp': {message}")):
+            build_config({**section, "scale": scale})
+    fsdp = {"scale": {"learner": "fsdp"}}
+    build_config({**fsdp, "algo": {"name": "rloo"}})  # grpo and rloo run sharded
+    with pytest.raises(ConfigError, match="launch with torchrun --nproc_per_node N"):
+        check_run(build_config(fsdp), None)  # one process: nothing to shard over
+    monkeypatch.setenv("WORLD_SIZE", "3")  # 4 prompts x 4 samples / 2 minibatches = 8 rows: 3, 3 and 2
+    with pytest.raises(ConfigError, match="a minibatch holds 8 rows .* cannot share equally; make it a multiple of 3"):
+        check_run(build_config({**fsdp, "rollout": {"prompts_per_step": 4, "group_size": 4},
+                                "algo": {"minibatches": 2}}), None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    check_run(build_config({**fsdp, "rollout": {"prompts_per_step": 4, "group_size": 4}}), None)
+    episodic = make_task(build_config({"task": {"name": "guess_number"}}).task)
+    with pytest.raises(ConfigError, match="multi-turn task 'guess_number' rolls out episodes in one process"):
+        ShardedRanks(0, 2, 2, "gloo").collector(None, None, episodic, None, build_config({}).rollout)
 
 
 def test_torchrun_refuses_what_does_not_run_data_parallel(monkeypatch):

@@ -73,7 +73,10 @@ class ShardedRanks(TorchrunRanks):
         mesh = init_device_mesh("cuda" if self.backend == "nccl" else "cpu", (self.world,))
         units = [*_decoder_layers(model), model]
         for unit in units:
-            fully_shard(unit, mesh=mesh)
+            # the root too (FSDP2 keeps a root's weights gathered after its forward by default): after a no-grad
+            # forward (decoding, evaluation) nothing else frees them, and `parameters()` would then list the
+            # gathered tensors instead of the shards the optimizer and the state dicts must see
+            fully_shard(unit, mesh=mesh, reshard_after_forward=True)
         for unit in units:
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)

@@ -170,7 +170,8 @@ def start_run(cfg: RunConfig, out_dir: str | Path, ranks: Ranks | None = None) -
     console.print_json(cfg.model_dump_json())
     if ranks.world > 1:
         console.print(f"data-parallel learner: {ranks.world} ranks ({ranks.backend}), {ranks.local_world} on this "
-                      f"node with {torch.get_num_threads()} thread(s) each")
+                      f"node with {torch.get_num_threads()} thread(s) each"
+                      + (", the policy sharded over them (FSDP2)" if ranks.sharded else ""))
     if ranks.main:
         (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     return out_dir
@@ -323,6 +324,7 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
                               "reward": cfg.reward.model or cfg.reward.source or "verifier"}
     if ranks.world > 1:
         report["data_parallel_ranks"] = ranks.world
+        report["learner"] = cfg.scale.learner
     try:
         model, tokenizer, task, before = prepare_policy(cfg, task, out_dir, ckpt, device, sink, ranks)
         # a sharded policy cannot be deep-copied, and the comparison would have to run on every rank
