@@ -170,8 +170,9 @@ def start_run(cfg: RunConfig, out_dir: str | Path, ranks: Ranks | None = None) -
     console.print_json(cfg.model_dump_json())
     if ranks.world > 1:
         console.print(f"data-parallel learner: {ranks.world} ranks ({ranks.backend}), {ranks.local_world} on this "
-                      f"node with {torch.get_num_threads()} thread(s) each"
-                      + (", the policy sharded over them (FSDP2)" if ranks.sharded else ""))
+                      f"node with {torch.get_num_threads()} thread(s) each")
+    if ranks.sharded:
+        console.print("the policy is sharded over the ranks (FSDP2)")
     if ranks.main:
         (out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     return out_dir
