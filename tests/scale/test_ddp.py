@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # each test launches torchrun (~20 s on 2 cores)
 
@@ -65,3 +66,18 @@ def test_fsdp2_two_ranks_equal_one_process(tiny_model_dir, tmp_path):
     for k, g in one_hf["grads"].items():
         torch.testing.assert_close(sharded["grads"][k], g, rtol=1e-5, atol=1e-7, msg=k)
     assert max_diff(one_hf["params"], sharded["params"]) < 1e-4  # 3.6e-5 measured
+
+
+def test_fsdp_reference_without_a_model_directory(tiny_model_dir, tmp_path):
+    # a policy loaded by hub id: the KL reference is the gathered policy, saved by rank 0 and sharded again
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(WORKER.with_name("fsdp_reference_worker.py")), str(tiny_model_dir), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = torch.load(tmp_path / "ref.pt")
+    start = load_file(tiny_model_dir / "model.safetensors")
+    assert out["frozen"] and sorted(out["reference"]) == sorted(out["policy"])
+    assert all(torch.equal(t, out["policy"][k]) for k, t in out["reference"].items())
+    saved = load_file(tmp_path / "reference" / "model.safetensors")  # what a resume reads: one process's format
+    assert sorted(saved) == sorted(start) and all(torch.equal(t, start[k]) for k, t in saved.items())

@@ -21,10 +21,10 @@ from safetensors.torch import load_file
 
 from feedbackrl.config import ConfigError, build_config
 from feedbackrl.envs.registry import make_task
-from feedbackrl.scale.fsdp import ShardedRanks
+from feedbackrl.log import MultiSink
 from feedbackrl.scale.threads import threads_per_process
 from feedbackrl.train.context import OneProcess
-from feedbackrl.train.run import check_run, start_run
+from feedbackrl.train.run import check_run, prepare_policy, start_run
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "reverse_grpo.toml"
 SETS = ["sft.steps=0", "algo.steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4", "algo.epochs=2",
@@ -184,7 +184,7 @@ def test_fsdp_monitor_rollbacks_as_one_process(tmp_path, tiny_model_dir):
         torch.testing.assert_close(params(tmp_path / "fsdp", 3)[k], t, rtol=0, atol=2e-4, msg=k)
 
 
-def test_fsdp_refuses_what_it_does_not_run(monkeypatch):
+def test_fsdp_refuses_what_it_does_not_run(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match=r"scale.learner: Input should be 'ddp' or 'fsdp' \(got 'zero3'\)"):
         build_config({"scale": {"learner": "zero3"}})
     refused = {  # each setting the sharded learner does not run, and what its message names
@@ -210,9 +210,11 @@ def test_fsdp_refuses_what_it_does_not_run(monkeypatch):
                                 "algo": {"minibatches": 2}}), None)
     monkeypatch.setenv("WORLD_SIZE", "2")
     check_run(build_config({**fsdp, "rollout": {"prompts_per_step": 4, "group_size": 4}}), None)
-    episodic = make_task(build_config({"task": {"name": "guess_number"}}).task)
-    with pytest.raises(ConfigError, match="multi-turn task 'guess_number' rolls out episodes in one process"):
-        ShardedRanks(0, 2, 2, "gloo").collector(None, None, episodic, None, build_config({}).rollout)
+    cfg = build_config({**fsdp, "task": {"name": "guess_number"}})
+    with pytest.raises(ConfigError, match="task.name = 'guess_number': its episodes are played in one process"):
+        prepare_policy(cfg, make_task(cfg.task), tmp_path, None, torch.device("cpu"), MultiSink([]),
+                       OneProcess(sharded=True))  # refused before the policy is built and every rank evaluates it
+    assert not any(tmp_path.iterdir())
 
 
 def test_torchrun_refuses_what_does_not_run_data_parallel(monkeypatch):

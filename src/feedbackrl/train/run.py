@@ -257,6 +257,9 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
     A sharded learner (`scale.learner = "fsdp"`) shards the policy onto the device instead (every rank has
     loaded the same weights) and every rank evaluates; there is no warm start (the config refuses it)."""
     ranks = ranks or OneProcess()
+    if ranks.sharded and isinstance(task, EpisodicTask | ExternalTask):  # before the evaluation every rank runs
+        raise ConfigError(f"scale.learner = 'fsdp' with task.name = {task.name!r}: its episodes are played in one "
+                          "process so far; run it without torchrun")
     if ckpt is not None:
         if read_config_json(ckpt) != json.loads(cfg.model_dump_json()):
             console.print("[yellow]warning: resuming with a config that differs from the checkpoint's")
@@ -307,8 +310,13 @@ def _train_on_rank(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: to
     model, tokenizer, task, _ = prepare_policy(cfg, make_task(cfg.task), out_dir, ckpt, device, sink, ranks)
     scorer = task_scorer(task)  # never called: rank 0 scores, this rank receives its verdicts
     start = None if ckpt is not None else start_dir(cfg, out_dir)
-    on_eval = (lambda step: run_eval(model, tokenizer, task, cfg, ranks).to_dict()) if ranks.sharded else None
-    entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, on_eval, start, ranks))
+
+    def on_eval(step: int) -> dict[str, Any]:
+        run_eval(model, tokenizer, task, cfg, ranks)
+        return {}  # rank 0 logs the result
+
+    entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt,
+                    on_eval if ranks.sharded else None, start, ranks))
     if ranks.sharded and entry.trains_policy:
         run_eval(model, tokenizer, task, cfg, ranks)
 
