@@ -382,8 +382,6 @@ class RunConfig(Section):
                           "(algo.name = 'sft') and set model.path to the policy it saves, with sft.steps = 0"),
             "train.precision": (self.train.precision != "fp32",
                                 f"is {self.train.precision!r}; the sharded learner is tested in fp32 only: set 'fp32'"),
-            "train.gradient_checkpointing": (self.train.gradient_checkpointing,
-                                             "is on; not tested with the sharded learner: set false"),
         }
         bad = [f"{key} {why}" for key, (wrong, why) in refused.items() if wrong]
         if bad:
