@@ -150,3 +150,85 @@ def test_sampling_it_cannot_honour_is_refused_not_ignored(model, tokenizer) -> N
     off = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "n": 1, "max_tokens": 3, "seed": 1}
     assert client.post("/inference/v1/generate", json={"token_ids": prompt, "sampling_params": off}).status_code == 200
     assert client.post("/v1/chat/completions", json={"messages": MESSAGES, **off}).status_code == 200
+
+
+# --- chat-template models: tool calls parsed as episodes parse them ----------------------------------------------
+
+CALC_TOOL = {"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic", "parameters": {
+    "type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}}}
+
+
+def _scripted_client(monkeypatch, tokenizer, text: str, truncated: bool = False) -> TestClient:
+    """An app over a chat-template tokenizer whose policy writes `text` (then its end token unless cut off)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([] if truncated else [tokenizer.eos_token_id])
+
+    def scripted(model, tokenizer_, prompts, max_new_tokens, *args, **kwargs) -> Rollout:
+        c = torch.tensor([ids])
+        shown = tokenizer.decode(ids, skip_special_tokens=True)
+        return Rollout(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long), c,
+                       torch.ones_like(c), torch.full(c.shape, -0.5), [shown], torch.tensor([truncated]))
+
+    monkeypatch.setattr(openai_api, "generate", scripted)
+    return TestClient(create_app(build_model(tokenizer, "tiny", seed=0), tokenizer))
+
+
+def test_hermes_tool_calls_from_a_chat_template_model(tool_chat_tokenizer, monkeypatch) -> None:
+    text = ('Let me compute both.\n<tool_call>\n{"name": "calc", "arguments": {"input": "12+30"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "calc", "arguments": {"input": "7*6"}}\n</tool_call>')
+    client = _scripted_client(monkeypatch, tool_chat_tokenizer, text)
+    req = {"messages": MESSAGES, "tools": [CALC_TOOL]}
+    choice = client.post("/v1/chat/completions", json=req).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me compute both."
+    calls = choice["message"]["tool_calls"]
+    assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        (0, "calc", {"input": "12+30"}), (1, "calc", {"input": "7*6"})]
+    assert len({c["id"] for c in calls}) == 2
+    chunks = [json.loads(e) for e in _events(client, {**req, "stream": True})[:-1]]
+    deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
+    args: dict[int, str] = {}
+    for d in deltas:
+        args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
+    assert {i: json.loads(a) for i, a in args.items()} == {0: {"input": "12+30"}, 1: {"input": "7*6"}}
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Let me compute both."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_llama3_json_call_is_the_whole_turn(tool_chat_tokenizer, monkeypatch) -> None:
+    client = _scripted_client(monkeypatch, tool_chat_tokenizer, '{"name": "calc", "parameters": {"input": "2+2"}}')
+    choice = client.post("/v1/chat/completions", json={"messages": MESSAGES}).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"input": "2+2"}
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "calc", "arguments": {"input": "1+1"}\n</tool_call>',  # JSON missing its brace
+    '<tool_call>\n{"name": "calc", "arguments": {"input": "1+1"}}',  # no closing tag
+    '<tool_call>\n{"arguments": {"input": "1+1"}}\n</tool_call>',  # no name
+])
+def test_a_malformed_call_comes_back_as_text_not_as_a_call(tool_chat_tokenizer, monkeypatch, text) -> None:
+    client = _scripted_client(monkeypatch, tool_chat_tokenizer, text)
+    choice = client.post("/v1/chat/completions", json={"messages": MESSAGES}).json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == text
+
+
+def test_a_call_cut_off_by_max_tokens_is_length_not_a_call(tool_chat_tokenizer, monkeypatch) -> None:
+    client = _scripted_client(monkeypatch, tool_chat_tokenizer, '<tool_call>\n{"name": "calc", "argu', truncated=True)
+    choice = client.post("/v1/chat/completions", json={"messages": MESSAGES}).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+
+
+def test_history_tool_calls_render_with_object_arguments(tool_chat_tokenizer) -> None:
+    """OpenAI clients send a call's arguments as a JSON string; the template must see the object, or it
+    would render the string escaped (a transcript the model never wrote)."""
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"input": "12+30"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    text = render_messages(tool_chat_tokenizer, history, [CALC_TOOL])
+    assert '{"name": "calc", "arguments": {"input": "12+30"}}' in text
+    bad = [*history[:1], {**history[1], "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"input": '}}]}]
+    client = TestClient(create_app(build_model(tool_chat_tokenizer, "tiny", seed=0), tool_chat_tokenizer))
+    r = client.post("/v1/chat/completions", json={"messages": bad})
+    assert r.status_code == 400 and "calc" in r.json()["detail"] and "not valid JSON" in r.json()["detail"]

@@ -160,9 +160,9 @@ class ChatTemplateFormat:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def parse(self, content: str, conversation: Sequence[Message]) -> Turn:
-        if getattr(self.tokenizer, "response_template", None):
-            return self._parse_with_response_template(content, conversation)
-        return parse_json_tool_calls(content)
+        if not getattr(self.tokenizer, "response_template", None):  # no prompt to render for the JSON syntaxes
+            return parse_json_tool_calls(content)
+        return parse_chat_turn(self.tokenizer, content, self.render(conversation, True), self.tools)
 
     def reply(self, conversation: Sequence[Message], new: Sequence[Message], end: str) -> str:
         before = self.render(conversation[:-1], True) + str(conversation[-1]["content"])
@@ -189,20 +189,6 @@ class ChatTemplateFormat:
                                   "template that writes them")
         return text
 
-    def _parse_with_response_template(self, content: str, conversation: Sequence[Message]) -> Turn:
-        try:
-            message = self.tokenizer.parse_response(content, prefix=self.render(conversation, True), tools=self.tools)
-        except (ValueError, KeyError, TypeError) as e:  # the parser raises on a region it cannot parse
-            return Turn(content, error=f"malformed tool call: {str(e).splitlines()[0][:120]}")
-        calls = []
-        for call in message.get("tool_calls") or []:
-            fn = call.get("function", call) if isinstance(call, dict) else None
-            parsed = _call_from(fn, ("arguments", "parameters"))
-            if isinstance(parsed, str):
-                return Turn(content, error=parsed)
-            calls.append(parsed)
-        return Turn(content, tuple(calls))
-
     def _not_prefix(self, before: str, after: str) -> str:
         i = next((j for j, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), min(len(before),
                                                                                              len(after)))
@@ -212,6 +198,26 @@ class ChatTemplateFormat:
                 "an episode cannot continue from its tokens. Templates that rewrite earlier turns (drop earlier "
                 "reasoning) or normalise content (trim it) cannot play episodes; set the task option "
                 "turn_format = 'minimal' or use a template without that")
+
+
+def parse_chat_turn(tokenizer: PreTrainedTokenizerBase, content: str, prompt: str,
+                    tools: Sequence[dict[str, Any]] | None = None) -> Turn:
+    """The tool calls in `content`, a turn a chat model wrote after `prompt` (the rendered conversation with
+    the generation prompt): the tokenizer's response parser when it has one, else `parse_json_tool_calls`."""
+    if not getattr(tokenizer, "response_template", None):
+        return parse_json_tool_calls(content)
+    try:
+        message = tokenizer.parse_response(content, prefix=prompt, tools=list(tools) if tools else None)
+    except (ValueError, KeyError, TypeError) as e:  # the parser raises on a region it cannot parse
+        return Turn(content, error=f"malformed tool call: {str(e).splitlines()[0][:120]}")
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        parsed = _call_from(fn, ("arguments", "parameters"))
+        if isinstance(parsed, str):
+            return Turn(content, error=parsed)
+        calls.append(parsed)
+    return Turn(content, tuple(calls))
 
 
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

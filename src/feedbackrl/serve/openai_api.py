@@ -13,9 +13,13 @@ vLLM's token-in/token-out route as the `renderers` client of `verifiers` calls i
 
 Messages are rendered with the tokenizer's chat template (`apply_chat_template(..., tools=...)`)
 when it has one, else in the minimal transcript format of `envs/multi_turn.py` (assistant turns
-ended by EOS, tool results as ``=RESULT\\n``). Tool calls are parsed from the completion in the
-minimal format ``name(arguments)`` and returned as OpenAI `tool_calls` with arguments
-``{"input": "<arguments>"}``; chat-template tool-call formats are not parsed yet.
+ended by EOS, tool results as ``=RESULT\\n``). Tool calls in the request's history are rendered with
+their arguments as JSON objects (OpenAI clients send them as JSON strings; chat templates expect
+objects, as vLLM's server also converts them). Tool calls in a completion are parsed as episodes parse
+them (`envs/turn_format.py`): with a chat template, the tokenizer's response parser when it has one,
+else Hermes/Qwen ``<tool_call>`` JSON (several per turn) or Llama 3 JSON; without one, the minimal
+``name(arguments)``, returned with arguments ``{"input": "<arguments>"}``. A completion whose tool
+call cannot be parsed is returned as plain content with finish_reason "stop", as vLLM does.
 
 Sampling parameters the decode loop does not implement (top_k, min_p, penalties, n > 1, ...) are
 refused with HTTP 400 when a request turns them on, never silently ignored.
@@ -39,7 +43,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from feedbackrl.envs.multi_turn import Turn
 from feedbackrl.envs.tools import ToolCall, parse_tool_call
+from feedbackrl.envs.turn_format import parse_chat_turn
 from feedbackrl.rollout.generate import generate, generate_ids
 
 # Sampling parameters the decode loop does not implement, with the values that mean "off". A request that
@@ -88,7 +94,8 @@ def render_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str,
                     tools: list[dict[str, Any]] | None) -> str:
     """The prompt text for `messages`: the chat template when the tokenizer has one, else the minimal format."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template([_with_object_arguments(m) for m in messages], tools=tools,
+                                             add_generation_prompt=True, tokenize=False)
     parts = []
     for m in messages:
         content = m.get("content") or ""
@@ -104,6 +111,24 @@ def render_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str,
     return "".join(parts)
 
 
+def _with_object_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    """`message` with its tool calls' JSON-string arguments as objects (what chat templates render)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for c in calls:
+        fn = dict(c.get("function") or {})
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"] or "{}")
+            except json.JSONDecodeError as e:
+                raise HTTPException(400, f"tool call {fn.get('name')!r} in the messages: arguments are not "
+                                         f"valid JSON ({e.msg} at character {e.pos})") from e
+        out.append({**c, "function": fn})
+    return {**message, "tool_calls": out}
+
+
 def _input(arguments: str | None) -> str:
     try:
         value = json.loads(arguments or "{}")
@@ -113,8 +138,8 @@ def _input(arguments: str | None) -> str:
 
 
 def _sample(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, req: ChatRequest,
-            lock: threading.Lock) -> tuple[list[int], list[float], str, str]:
-    """(token ids, log-probs, text, finish_reason) of one completion."""
+            lock: threading.Lock) -> tuple[list[int], list[float], str, Turn, str]:
+    """(token ids, log-probs, text, the parsed turn, finish_reason) of one completion."""
     prompt = render_messages(tokenizer, req.messages, req.tools)
     limit = req.max_completion_tokens or req.max_tokens or 64
     gen = torch.Generator().manual_seed(req.seed if req.seed is not None else time.time_ns() % 2**63)
@@ -123,17 +148,37 @@ def _sample(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, req: Cha
                       greedy=req.temperature == 0.0, generator=gen)
     n = int(ro.completion_mask[0].sum())
     ids, logprobs = ro.completion_ids[0, :n].tolist(), ro.logprobs[0, :n].tolist()
-    call = parse_tool_call(ro.texts[0])
-    finish = "tool_calls" if isinstance(call, ToolCall) else ("length" if bool(ro.truncated[0]) else "stop")
-    return ids, logprobs, ro.texts[0], finish
+    turn = _parse_turn(tokenizer, ids, ro.texts[0], bool(ro.truncated[0]), prompt, req.tools)
+    finish = "tool_calls" if turn.calls and not turn.error else ("length" if bool(ro.truncated[0]) else "stop")
+    return ids, logprobs, ro.texts[0], turn, finish
 
 
-def _tool_calls(text: str) -> list[dict[str, Any]]:
-    call = parse_tool_call(text)
-    if not isinstance(call, ToolCall):
-        raise ValueError(f"not a tool call: {text[:40]!r}")
-    return [{"index": 0, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-             "function": {"name": call.name, "arguments": json.dumps({"input": call.arguments})}}]
+def _parse_turn(tokenizer: PreTrainedTokenizerBase, ids: list[int], text: str, truncated: bool, prompt: str,
+                tools: list[dict[str, Any]] | None) -> Turn:
+    """The completion's tool calls: as a chat-template episode turn (decoded with its special tokens, the
+    closing end token left out) when the tokenizer has a template, else in the minimal format."""
+    if not getattr(tokenizer, "chat_template", None):
+        call = parse_tool_call(text)
+        return Turn(text, (call,)) if isinstance(call, ToolCall) else Turn(text, error=call)
+    content = tokenizer.decode(ids if truncated else ids[:-1], skip_special_tokens=False)
+    return parse_chat_turn(tokenizer, content, prompt, tools)
+
+
+def _content(turn: Turn) -> str | None:
+    """The text of a tool-calling turn outside its calls (None when there is none, as OpenAI returns)."""
+    if turn.text.strip().startswith(("{", "<|python_tag|>")) or "<tool_call>" not in turn.text:
+        return None  # a minimal-format or Llama 3 JSON call is the whole turn
+    rest = turn.text[: turn.text.index("<tool_call>")].strip()
+    return rest or None
+
+
+def _tool_calls(turn: Turn) -> list[dict[str, Any]]:
+    out = []
+    for i, call in enumerate(turn.calls):
+        args = call.arguments if isinstance(call.arguments, dict) else {"input": call.arguments}
+        out.append({"index": i, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(args)}})
+    return out
 
 
 def _logprobs(tokenizer: PreTrainedTokenizerBase, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
@@ -157,14 +202,14 @@ def create_app(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model
     @app.post("/v1/chat/completions", response_model=None)
     def chat(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
         refuse_unsupported(req.model_extra or {})
-        ids, lps, text, finish = _sample(model, tokenizer, req, lock)
+        ids, lps, text, turn, finish = _sample(model, tokenizer, req, lock)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
         if req.stream:
-            return StreamingResponse(_chunks(tokenizer, cid, created, model_name, ids, lps, text, finish, req),
+            return StreamingResponse(_chunks(tokenizer, cid, created, model_name, ids, lps, turn, finish, req),
                                      media_type="text/event-stream")
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if finish == "tool_calls":
-            message = {"role": "assistant", "content": None, "tool_calls": _tool_calls(text)}
+            message = {"role": "assistant", "content": _content(turn), "tool_calls": _tool_calls(turn)}
         choice = {"index": 0, "message": message, "finish_reason": finish,
                   "logprobs": _logprobs(tokenizer, ids, lps) if req.logprobs else None}
         usage = {"prompt_tokens": len(tokenizer(render_messages(tokenizer, req.messages, req.tools),
@@ -209,7 +254,7 @@ def _generate_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
 
 
 def _chunks(tokenizer: PreTrainedTokenizerBase, cid: str, created: int, model_name: str, ids: list[int],
-            lps: list[float], text: str, finish: str, req: ChatRequest) -> Iterator[str]:
+            lps: list[float], turn: Turn, finish: str, req: ChatRequest) -> Iterator[str]:
     """Server-sent events: role delta, content (one chunk per token) or tool_calls deltas, finish_reason, [DONE]."""
     def event(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> str:
         chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
@@ -218,9 +263,12 @@ def _chunks(tokenizer: PreTrainedTokenizerBase, cid: str, created: int, model_na
 
     yield event({"role": "assistant", "content": ""})
     if finish == "tool_calls":
-        call = _tool_calls(text)[0]
-        yield event({"tool_calls": [{**call, "function": {"name": call["function"]["name"], "arguments": ""}}]})
-        yield event({"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]})
+        if _content(turn):
+            yield event({"content": _content(turn)})
+        for call in _tool_calls(turn):  # each call: its id and name, then its arguments
+            yield event({"tool_calls": [{**call, "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            args = call["function"]["arguments"]
+            yield event({"tool_calls": [{"index": call["index"], "function": {"arguments": args}}]})
     else:
         for i, lp in zip(ids, lps, strict=True):
             piece = tokenizer.decode([i], skip_special_tokens=True)  # EOS (and a sampled pad) add no text
