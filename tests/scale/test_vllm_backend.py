@@ -3,7 +3,7 @@
 The config checks and their messages, which vLLM log-prob mode matches our decoder's, the conversion of
 vLLM's `RequestOutput`s into our Rollout (hand-built outputs, and outputs rebuilt from a native rollout),
 the weight names vLLM loads (LoRA merged), and the collect step inside a GRPO run with a stand-in engine
-that samples with the native decoder from its own copy of the weights. vLLM itself: tests/scale/test_vllm_gpu.py.
+that samples with the native decoder from its own copy of the weights. vLLM itself: tests/scale/test_vllm_engine.py.
 """
 
 from __future__ import annotations
