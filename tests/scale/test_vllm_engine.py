@@ -121,6 +121,15 @@ def test_the_same_seeds_sample_the_same_tokens(peaked_lm, tokenizer, engine_for)
     assert not torch.equal(a.completion_ids, c.completion_ids)
 
 
+def test_the_learner_keeps_control_of_its_threads(peaked_lm, tokenizer, engine_for):
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the engine restores it
+    engine_for(copy.deepcopy(peaked_lm).to(DEVICE))
+    torch.set_num_threads(2)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+
+
 def test_loaded_weights_replace_the_old_ones(peaked_lm, tokenizer, engine_for):
     model = copy.deepcopy(peaked_lm).to(DEVICE)
     engine = engine_for(model)
@@ -153,12 +162,15 @@ def test_a_lora_policy_is_sampled_with_its_adapters(peaked_lm, tokenizer, engine
         assert (ro.logprobs - learner_logprobs(model, ro, 1.0)).abs().max() > 10 * TOL
 
 
-def test_grpo_trains_on_vllm_rollouts(tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_p": 0.9}], ids=["vllm-logprobs", "recomputed"])
+def test_grpo_trains_on_vllm_rollouts(tokenizer, tmp_path, monkeypatch, sampling):
+    """T = 1: vLLM's own log-probs are the behaviour ones; T = 0.7 with top-p: vLLM reports none that are ours
+    and the collector has the learner recompute them. Either way the importance weights stay at 1."""
     from feedbackrl.models.tiny import build_model
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build's KV cache (read on a CPU only)
-
-    cfg = build_config({"rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 4, "backend": "vllm"},
+    cfg = build_config({"rollout": {"prompts_per_step": 8, "group_size": 4, "max_new_tokens": 4, "backend": "vllm",
+                                    **sampling},
                         "algo": {"steps": 4, "epochs": 2, "minibatches": 2, "lr": 3e-2},
                         "train": {"seed": 3, "device": DEVICE}, "monitors": {"enabled": False}})
     model = build_model(tokenizer, "tiny", seed=0).to(DEVICE)

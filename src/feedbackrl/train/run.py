@@ -205,7 +205,7 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
         raise ConfigError(f"torchrun with {world} ranks: a minibatch holds {rows} rows "
                           "(rollout.prompts_per_step * rollout.group_size / algo.minibatches); every rank needs one")
     device = resolve_device(cfg.train.device)
-    if cfg.rollout.backend == "vllm":  # installed, and a GPU to run on: checked before any work
+    if cfg.rollout.backend == "vllm":  # installed, and a device it runs on: checked before any work
         from feedbackrl.scale.vllm_rollout import check_vllm
 
         check_vllm(device)
