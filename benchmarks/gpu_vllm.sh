@@ -25,7 +25,7 @@ if ! "$py" -c "import vllm" 2>/dev/null; then
 fi
 "$py" -c "import torch, vllm; print('vllm', vllm.__version__, '| torch', torch.__version__, '|',
 torch.cuda.get_device_name())" || exit 3
-"$py" -m pytest -m gpu -q -p no:cacheprovider tests/scale/test_vllm_gpu.py tests/rollout/test_cuda.py 2>&1 \
+"$py" -m pytest -m gpu -q -p no:cacheprovider tests/scale/test_vllm_engine.py tests/rollout/test_cuda.py 2>&1 \
   | tee "$out/gpu_vllm_tests.log"
 status=${PIPESTATUS[0]}
 if [ "$status" -ne 0 ]; then

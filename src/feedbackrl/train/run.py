@@ -217,7 +217,7 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
     if cfg.scale.learner == "fsdp":
         check_sharded(cfg, world)
     device = resolve_device(cfg.train.device)
-    if cfg.rollout.backend == "vllm":  # installed, and a GPU to run on: checked before any work
+    if cfg.rollout.backend == "vllm":  # installed, and a device it runs on: checked before any work
         from feedbackrl.scale.vllm_rollout import check_vllm
 
         check_vllm(device)
