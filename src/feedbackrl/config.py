@@ -283,6 +283,9 @@ class ScaleConfig(Section):
     max_staleness: int = Field(0, ge=0, le=1, description=(
         "0: synchronous; 1: the next batch is sampled while the learner trains (one policy version old)"))
     importance_cap: float = Field(2.0, gt=0, description="truncation of the stale samples' importance weights")
+    weight_sync: Literal["object_store", "collective"] = Field("object_store", description=(
+        "how the learner's weights reach the rollout workers after each update: Ray's object store, or a "
+        "torch.distributed broadcast in a process group of the learner and the workers (gloo on CPU)"))
 
     @property
     def uses_ray(self) -> bool:
@@ -293,6 +296,9 @@ class ScaleConfig(Section):
         if self.max_staleness > 0 and self.rollout_workers == 0:
             raise ValueError(f"scale.max_staleness={self.max_staleness} needs scale.rollout_workers >= 1 "
                              "(asynchronous sampling happens on the workers)")
+        if self.weight_sync == "collective" and self.rollout_workers == 0:
+            raise ValueError("scale.weight_sync='collective' needs scale.rollout_workers >= 1 (the weights are "
+                             "broadcast to the rollout workers); got 0")
         return self
 
 

@@ -125,8 +125,51 @@ def test_a_killed_worker_is_restarted_and_nothing_counts_twice(tiny_model_dir, t
     assert len(lines) == 1 and "rollout worker 1 died" in lines[0] and "rows 6..11 generated again" in lines[0]
 
 
-def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_path):
-    _, rows, scored = run(tiny_model_dir, tmp_path, config(4, rollout_workers=2, max_staleness=1), 2)
+class DiesInBroadcast(RolloutWorker):
+    """Exits its process as the second weight broadcast reaches it (once: a marker file remembers)."""
+
+    marker = ""
+
+    def receive(self, version, generation):
+        if version == 2 and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)
+        return super().receive(version, generation)
+
+
+def test_collective_sync_equals_one_process(tiny_model_dir, tmp_path, one_process):
+    got = run(tiny_model_dir, tmp_path, config(rollout_workers=2, weight_sync="collective"), 2)
+    assert_same_run(got, one_process)  # so the object store's run too (the test above): every reward, every weight
+    assert got[2] == STEPS * 12
+    rows = got[1]
+    assert "perf/weights_put_s" not in rows[2]
+    assert rows[1]["perf/weights_broadcast_s"] == 0.0 and rows[2]["perf/weights_broadcast_s"] > 0  # after update 1
+
+
+@pytest.mark.parametrize("worker", [DiesOnce, DiesInBroadcast])
+def test_collective_sync_survives_a_killed_worker(tiny_model_dir, tmp_path, one_process, worker):
+    # DiesOnce: found dead when its share is gathered; DiesInBroadcast: found dead by the broadcast itself. Either
+    # way the group is made again and the restarted worker gets the current weights from it
+    marker = tmp_path / "died"
+    cls = type(f"{worker.__name__}Here", (worker,), {"marker": str(marker)})
+    lines: list[str] = []
+    got = run(tiny_model_dir, tmp_path / "out", config(rollout_workers=2, weight_sync="collective"), 2,
+              worker_cls=cls, log=lines.append)
+    assert marker.exists()
+    assert_same_run(got, one_process)
+    assert got[2] == STEPS * 12
+    assert len(lines) == 1, lines
+    if worker is DiesOnce:
+        assert "rollout worker 1 died" in lines[0] and "rows 6..11 generated again" in lines[0]
+        assert [got[1][s]["scale/worker_restarts"] for s in range(1, STEPS + 1)] == [0.0, 1.0, 1.0]
+    else:
+        assert "weight broadcast failed" in lines[0] and "policy version 2 broadcast to every worker" in lines[0]
+
+
+@pytest.mark.parametrize("weight_sync", ["object_store", "collective"])
+def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_path, weight_sync):
+    _, rows, scored = run(tiny_model_dir, tmp_path, config(4, rollout_workers=2, max_staleness=1,
+                                                            weight_sync=weight_sync), 2)
     # step 1 waits for a fresh batch; then each batch was sampled while the learner trained on the one before;
     # the last step is sampled fresh too (no sampling runs ahead of the final checkpoint)
     assert [rows[s]["scale/staleness_max"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]

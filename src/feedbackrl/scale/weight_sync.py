@@ -1,0 +1,263 @@
+"""How the learner's weights reach the Ray rollout workers after each update (`scale.weight_sync`).
+
+`object_store` (the default): one `ray.put` of the state dict per update; every worker reads it and
+`load_state_dict`s it before its next share.
+
+`collective`: the learner (rank 0, in the driver) and the W rollout workers (ranks 1..W) form one
+torch.distributed process group, and after each update the learner broadcasts one flat buffer per
+dtype. A worker's parameters are views into its own flat buffers (bound once, when it first joins),
+so the broadcast lands in its model in place, with no second copy. The rendezvous is a `TCPStore`
+hosted by the driver on a free port, at the driver's node address as Ray knows it (`ray_address =
+"auto"` clusters included). The backend follows where the workers hold the policy: gloo for CPU
+tensors (the workers run on CPUs today), NCCL for CUDA tensors.
+
+A torch.distributed group cannot take in a new member, so when a worker dies (Ray restarts it from its
+constructor's arguments) the group is made again: the learner leaves the old one (closing its sockets,
+which fails any broadcast a live worker is still blocked in), waits until every worker answers, and all
+of them join a new generation of the group under a fresh key prefix in the same store; the learner
+then broadcasts its last weights, so the restarted worker holds exactly what the others hold.
+
+Why plain torch.distributed and not `ray.util.collective`: Ray's collective groups live in actors
+(`init_collective_group` is called inside an actor; the learner here is the driver) and its NCCL
+backend needs CuPy; its gloo backend is torch.distributed underneath anyway. Plain torch.distributed
+gives us the timeout, the rendezvous and the failure behaviour directly, as `scale/ddp.py` uses them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+# A broadcast or a rendezvous that waits longer fails rather than hangs: a peer that died is normally seen at
+# once (its socket closes), this bounds the rest. The learner lets the shares in flight finish before it
+# broadcasts, so the wait covers the transfer, not a generation.
+COLLECTIVE_TIMEOUT_S = 120
+RESTART_POLLS, RESTART_POLL_S = 240, 0.5  # how long a dead rollout worker may take to come back: 2 minutes
+
+Layout = list[tuple[str, tuple[int, ...], str]]  # (state-dict key, shape, dtype) of each tensor sent, in order
+
+
+def group_backend(device: torch.device) -> str:
+    """gloo for CPU tensors, NCCL for CUDA ones (NCCL cannot move CPU tensors)."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def unique_tensors(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The state dict without the repeats of a tied tensor (first key kept) and without empty tensors."""
+    seen, out = set(), {}
+    for key, t in state.items():
+        ident = (t.data_ptr(), t.dtype, tuple(t.shape))
+        if t.numel() and ident not in seen:
+            seen.add(ident)
+            out[key] = t
+    return out
+
+
+def layout(state: dict[str, Tensor]) -> Layout:
+    return [(k, tuple(t.shape), str(t.dtype)) for k, t in unique_tensors(state).items()]
+
+
+def flatten(state: dict[str, Tensor], device: torch.device) -> dict[torch.dtype, Tensor]:
+    """One flat buffer per dtype on `device`, the tensors in state-dict order: what the learner broadcasts."""
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for t in unique_tensors(state).values():
+        by_dtype.setdefault(t.dtype, []).append(t.detach().reshape(-1).to(device))
+    return {dtype: torch.cat(ts) for dtype, ts in by_dtype.items()}
+
+
+def bind_flat(model: nn.Module) -> dict[torch.dtype, Tensor]:
+    """Give each of `model`'s state tensors storage in one flat buffer per dtype, values kept; return the buffers.
+
+    Written by hand: torch has the flatten (`parameters_to_vector`) but not the re-pointing of a module's
+    tensors into one buffer, which is what lets a broadcast write straight into the model.
+    """
+    tensors = unique_tensors(model.state_dict(keep_vars=True))
+    flats = {dtype: torch.empty(sum(t.numel() for t in tensors.values() if t.dtype == dtype), dtype=dtype,
+                                device=next(iter(tensors.values())).device)
+             for dtype in dict.fromkeys(t.dtype for t in tensors.values())}
+    offsets = dict.fromkeys(flats, 0)
+    with torch.no_grad():
+        for t in tensors.values():
+            start, offsets[t.dtype] = offsets[t.dtype], offsets[t.dtype] + t.numel()
+            view = flats[t.dtype][start:start + t.numel()].view_as(t)
+            view.copy_(t)
+            t.data = view  # the Parameter (or buffer) object stays, its storage is now the buffer's
+    return flats
+
+
+def check_layout(mine: Layout, learner: Layout) -> None:
+    """The worker's tensors must be the learner's, in the same order: the flat buffers are cut the same way."""
+    if mine == learner:
+        return
+    for i, (a, b) in enumerate(zip(mine, learner, strict=False)):
+        if a != b:
+            raise ValueError(f"rollout worker's tensor {i} is {a}, the learner's is {b}: the worker's model is not "
+                             "the learner's architecture")
+    raise ValueError(f"rollout worker's model has {len(mine)} tensors, the learner's {len(learner)}")
+
+
+def join_group(store: dist.Store, rank: int, world: int, generation: int, backend: str) -> None:
+    """Leave this process's weight group if in one, then join generation `generation` of it."""
+    leave_group()
+    dist.init_process_group(backend, store=dist.PrefixStore(f"weights/{generation}", store), rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_flat(flats: dict[torch.dtype, Tensor]) -> None:
+    for flat in flats.values():  # the same dtype order on every rank: both come from the same state-dict order
+        dist.broadcast(flat, src=0)
+
+
+def wait_alive(worker: Any) -> None:
+    """Block until `worker` answers (calls fail while Ray restarts it)."""
+    import ray
+
+    for _ in range(RESTART_POLLS):
+        try:
+            ray.get(worker.ping.remote())
+            return
+        except ray.exceptions.RayActorError:
+            time.sleep(RESTART_POLL_S)
+    raise RuntimeError(f"a rollout worker did not come back after {RESTART_POLLS * RESTART_POLL_S:.0f} s")
+
+
+class GroupMember:
+    """A rollout worker's side of the collective sync: the flat buffers its model lives in, the store, its
+    generation of the group (-1: in none, as after a restart)."""
+
+    def __init__(self) -> None:
+        self.flats: dict[torch.dtype, Tensor] | None = None
+        self.store: dist.Store | None = None
+        self.generation = -1
+
+    def join(self, model: nn.Module, address: str, port: int, rank: int, world: int, generation: int,
+             learner_layout: Layout, backend: str) -> None:
+        check_layout(layout(model.state_dict()), learner_layout)
+        if self.flats is None:
+            self.flats = bind_flat(model)
+        if self.store is None:
+            self.store = dist.TCPStore(address, port, is_master=False,
+                                       timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        join_group(self.store, rank, world, generation, backend)
+        self.generation = generation
+
+    def receive(self, generation: int) -> None:
+        if self.flats is None or generation != self.generation:
+            raise RuntimeError(f"rollout worker is in weight group generation {self.generation}, not {generation} "
+                               "(restarted since): it rejoins when the group is made again")
+        broadcast_flat(self.flats)
+
+
+class ObjectStoreSync:
+    """`scale.weight_sync = "object_store"`: one `ray.put` of the state dict per update, loaded by every worker."""
+
+    metric = "perf/weights_put_s"
+
+    def __init__(self, workers: Sequence[Any], model: nn.Module, log: Callable[[str], None]) -> None:
+        self.workers, self.ref = workers, None
+
+    def push(self, model: nn.Module, version: int, in_flight: Sequence[Any]) -> float:
+        """Seconds the learner spent: the put (the workers load the weights after their shares in flight)."""
+        import ray
+
+        t0 = time.perf_counter()
+        self.ref = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        put_s = time.perf_counter() - t0
+        for w in self.workers:  # queued behind any share in flight: the learner does not wait
+            w.set_weights.remote(self.ref, version)
+        return put_s
+
+    def restore(self, k: int, version: int) -> None:
+        """Worker k came back from a restart with the initial weights: give it version `version`'s."""
+        import ray
+
+        w = self.workers[k]
+        ray.get(w.set_weights.remote(self.ref, version) if self.ref is not None else w.set_version.remote(version))
+
+    def close(self) -> None:
+        self.ref = None
+
+
+class CollectiveSync:
+    """`scale.weight_sync = "collective"`: a broadcast in a process group of the learner and the workers."""
+
+    metric = "perf/weights_broadcast_s"
+    device = torch.device("cpu")  # where the workers hold the policy (`RolloutWorker`), so where the buffers live
+
+    def __init__(self, workers: Sequence[Any], model: nn.Module, log: Callable[[str], None]) -> None:
+        import ray
+
+        if dist.is_initialized():
+            raise RuntimeError("scale.weight_sync = 'collective' makes the learner rank 0 of a process group of its "
+                               "own, but this process already has one (torchrun?); use scale.weight_sync = "
+                               "'object_store'")
+        self.workers, self.layout, self.log = workers, layout(model.state_dict()), log
+        self.address = ray.util.get_node_ip_address()  # reachable from the workers' nodes, unlike localhost
+        self.store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        self.generation, self.version, self.flats = -1, 0, None
+        self._regroup()
+
+    def push(self, model: nn.Module, version: int, in_flight: Sequence[Any]) -> float:
+        """Seconds from the flattening to every worker holding the weights (the shares in flight not counted)."""
+        import ray
+
+        if in_flight:  # every worker must take part in the broadcast: let its share finish first
+            ray.wait(list(in_flight), num_returns=len(in_flight))
+        t0 = time.perf_counter()
+        self.flats, self.version = flatten(model.state_dict(), self.device), version
+        try:
+            self._broadcast()
+        except (RuntimeError, ray.exceptions.RayError) as err:  # a worker died before or during the broadcast
+            self.log(f"weight broadcast failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}): a rollout "
+                     f"worker died; process group made again, policy version {version} broadcast to every worker")
+            self._regroup()
+        return time.perf_counter() - t0
+
+    def restore(self, k: int, version: int) -> None:
+        """Worker k came back from a restart: unless a regroup already took it in, make the group again."""
+        import ray
+
+        if ray.get(self.workers[k].group_generation.remote()) != self.generation:
+            self._regroup()
+
+    def _broadcast(self) -> None:
+        import ray
+
+        refs = [w.receive.remote(self.version, self.generation) for w in self.workers]
+        broadcast_flat(self.flats)
+        ray.get(refs)
+
+    def _regroup(self) -> None:
+        """Every worker alive, then all of them and the learner in a new generation of the group, same weights."""
+        import ray
+
+        leave_group()  # closes the learner's sockets: a worker blocked in the old group's broadcast fails out of it
+        for w in self.workers:
+            wait_alive(w)
+        self.generation += 1
+        world, backend = len(self.workers) + 1, group_backend(self.device)
+        refs = [w.join.remote(self.address, self.store.port, rank, world, self.generation, self.layout, backend)
+                for rank, w in enumerate(self.workers, start=1)]
+        join_group(self.store, 0, world, self.generation, backend)
+        ray.get(refs)
+        if self.flats is not None:  # none before the first update: every worker holds the initial weights
+            self._broadcast()
+
+    def close(self) -> None:
+        leave_group()
+        self.flats = None
+
+
+WEIGHT_SYNCS = {"object_store": ObjectStoreSync, "collective": CollectiveSync}
