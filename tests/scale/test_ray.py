@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -144,6 +145,7 @@ def test_collective_sync_equals_one_process(tiny_model_dir, tmp_path, one_proces
     rows = got[1]
     assert "perf/weights_put_s" not in rows[2]
     assert rows[1]["perf/weights_broadcast_s"] == 0.0 and rows[2]["perf/weights_broadcast_s"] > 0  # after update 1
+    assert not torch.distributed.is_initialized()  # the collector's close left the process group
 
 
 @pytest.mark.parametrize("worker", [DiesOnce, DiesInBroadcast])

@@ -257,7 +257,7 @@ class CollectiveSync:
 
     def close(self) -> None:
         leave_group()
-        self.flats = None
+        self.flats, self.store = None, None  # the store's server stops with its last reference
 
 
 WEIGHT_SYNCS = {"object_store": ObjectStoreSync, "collective": CollectiveSync}
