@@ -71,8 +71,10 @@ def time_updates(mode: str, model: torch.nn.Module, tokenizer: Any, reps: int) -
             if version:  # the first is a warm-up (connections, buffers)
                 totals.append(time.perf_counter() - t0)
                 learner.append(c.sync_s)
-        # the workers hold the learner's weights, bit for bit
-        state = ray.get(c.workers[1].__ray_call__.remote(lambda w: w.model.state_dict()))
+        # the workers hold the learner's weights, bit for bit (cloned: a collective worker's tensors are views of
+        # one buffer, and Ray would serialise the whole buffer with each of them)
+        state = ray.get(c.workers[1].__ray_call__.remote(lambda w: {k: v.clone() for k, v in
+                                                                    w.model.state_dict().items()}))
         assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()), mode
     finally:
         c.close()

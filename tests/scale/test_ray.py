@@ -148,6 +148,18 @@ def test_collective_sync_equals_one_process(tiny_model_dir, tmp_path, one_proces
     assert not torch.distributed.is_initialized()  # the collector's close left the process group
 
 
+def test_collective_sync_refuses_a_process_that_has_a_group(tiny_model_dir, tmp_path):
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)  # as under torchrun
+    try:
+        with pytest.raises(RuntimeError, match="already has one .torchrun.*scale.weight_sync = 'object_store'"):
+            run(tiny_model_dir, tmp_path, config(rollout_workers=2, weight_sync="collective"), 2)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("worker", [DiesOnce, DiesInBroadcast])
 def test_collective_sync_survives_a_killed_worker(tiny_model_dir, tmp_path, one_process, worker):
     # DiesOnce: found dead when its share is gathered; DiesInBroadcast: found dead by the broadcast itself. Either

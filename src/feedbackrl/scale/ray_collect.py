@@ -167,7 +167,12 @@ class RayCollector:
         self.workers = [actor.remote(*self.init_refs, threads) for _ in range(scale.rollout_workers)]
         self.version, self.restarts = 0, 0
         self.pending: deque[Pending] = deque()
-        self.sync = WEIGHT_SYNCS[scale.weight_sync](self.workers, model, log)
+        try:
+            self.sync = WEIGHT_SYNCS[scale.weight_sync](self.workers, model, log)
+        except BaseException:
+            for w in self.workers:
+                ray.kill(w)
+            raise
         self.sync_s = 0.0  # the last update's weight transfer, as the learner saw it
 
     def update(self, model: PreTrainedModel, version: int) -> None:
@@ -196,7 +201,7 @@ class RayCollector:
 
     def _wait_restarted(self, k: int) -> None:
         """Block until worker k answers again (calls fail while Ray restarts it), with the current weights."""
-        wait_alive(self.workers[k])
+        wait_alive(self.workers[k], k)
         self.sync.restore(k, self.version)
 
     def _gather(self, p: Pending) -> list[tuple[Rollout, int]]:

@@ -75,7 +75,9 @@ def bind_flat(model: nn.Module) -> dict[torch.dtype, Tensor]:
     """Give each of `model`'s state tensors storage in one flat buffer per dtype, values kept; return the buffers.
 
     Written by hand: torch has the flatten (`parameters_to_vector`) but not the re-pointing of a module's
-    tensors into one buffer, which is what lets a broadcast write straight into the model.
+    tensors into one buffer, which is what lets a broadcast write straight into the model. The model's tensors
+    are then views of a shared storage: clone them before serialising them one by one (Ray would send the
+    whole buffer with each).
     """
     tensors = unique_tensors(model.state_dict(keep_vars=True))
     flats = {dtype: torch.empty(sum(t.numel() for t in tensors.values() if t.dtype == dtype), dtype=dtype,
@@ -119,8 +121,8 @@ def broadcast_flat(flats: dict[torch.dtype, Tensor]) -> None:
         dist.broadcast(flat, src=0)
 
 
-def wait_alive(worker: Any) -> None:
-    """Block until `worker` answers (calls fail while Ray restarts it)."""
+def wait_alive(worker: Any, k: int) -> None:
+    """Block until rollout worker k answers (calls fail while Ray restarts it)."""
     import ray
 
     for _ in range(RESTART_POLLS):
@@ -129,7 +131,7 @@ def wait_alive(worker: Any) -> None:
             return
         except ray.exceptions.RayActorError:
             time.sleep(RESTART_POLL_S)
-    raise RuntimeError(f"a rollout worker did not come back after {RESTART_POLLS * RESTART_POLL_S:.0f} s")
+    raise RuntimeError(f"rollout worker {k} did not come back after {RESTART_POLLS * RESTART_POLL_S:.0f} s")
 
 
 class GroupMember:
@@ -244,8 +246,8 @@ class CollectiveSync:
         import ray
 
         leave_group()  # closes the learner's sockets: a worker blocked in the old group's broadcast fails out of it
-        for w in self.workers:
-            wait_alive(w)
+        for k, w in enumerate(self.workers):
+            wait_alive(w, k)
         self.generation += 1
         world, backend = len(self.workers) + 1, group_backend(self.device)
         refs = [w.join.remote(self.address, self.store.port, rank, world, self.generation, self.layout, backend)
