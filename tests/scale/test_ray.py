@@ -21,6 +21,7 @@ from feedbackrl.config import RunConfig, TaskConfig, build_config  # noqa: E402
 from feedbackrl.envs.procedural.addition import AdditionTask  # noqa: E402
 from feedbackrl.log import MemorySink  # noqa: E402
 from feedbackrl.models.load import load_policy, load_tokenizer  # noqa: E402
+from feedbackrl.scale import weight_sync  # noqa: E402
 from feedbackrl.scale.ray_collect import RayCollector, RewardPool, RolloutWorker  # noqa: E402
 from feedbackrl.train.checkpoint import resolve_resume  # noqa: E402
 from feedbackrl.train.collect import InProcessCollector, task_scorer  # noqa: E402
@@ -138,7 +139,11 @@ class DiesInBroadcast(RolloutWorker):
         return super().receive(version, generation)
 
 
-def test_collective_sync_equals_one_process(tiny_model_dir, tmp_path, one_process):
+@pytest.mark.parametrize("pack_below", [weight_sync.PACK_BELOW, 1000])
+def test_collective_sync_equals_one_process(tiny_model_dir, tmp_path, one_process, monkeypatch, pack_below):
+    # the tiny model's tensors are all below the default: one packed message per dtype; from 1000 elements its
+    # matrices go alone (no copy) and the norms' weights are packed between them
+    monkeypatch.setattr(weight_sync, "PACK_BELOW", pack_below)
     got = run(tiny_model_dir, tmp_path, config(rollout_workers=2, weight_sync="collective"), 2)
     assert_same_run(got, one_process)  # so the object store's run too (the test above): every reward, every weight
     assert got[2] == STEPS * 12

@@ -10,7 +10,17 @@ import torch
 from torch import nn
 
 from feedbackrl.config import build_config
-from feedbackrl.scale.weight_sync import bind_flat, check_layout, flatten, group_backend, layout, unique_tensors
+from feedbackrl.scale.weight_sync import (
+    Segment,
+    bind_flat,
+    check_layout,
+    group_backend,
+    layout,
+    messages,
+    segments,
+    targets,
+    unique_tensors,
+)
 
 
 class Tied(nn.Module):
@@ -35,14 +45,19 @@ def test_a_tied_tensor_is_sent_once_under_its_first_key():
                              ("head.bias", (3,), "torch.float32")]
 
 
-def test_flatten_packs_one_buffer_per_dtype_in_state_dict_order():
-    flats = flatten(Tied().state_dict(), torch.device("cpu"))
-    assert list(flats) == [torch.int64, torch.float32]
-    assert flats[torch.int64].tolist() == [7, 8]
-    assert flats[torch.float32].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0]  # embed, then bias
+def test_segments_pack_small_tensors_and_send_large_ones_alone():
+    lay = [("a", (2,), "f32"), ("b", (3, 2), "f32"), ("n", (4,), "i64"), ("c", (1,), "f32"), ("d", (2,), "f32"),
+           ("e", (5,), "f32")]
+    # float32 buffer: a 0:2, b 2:8, c 8:9, d 9:11, e 11:16; int64 buffer: n 0:4. From 5 elements a tensor is alone
+    assert segments(lay, pack_below=5) == [
+        Segment("f32", 0, 2, ("a",)), Segment("f32", 2, 8, ("b",)), Segment("f32", 8, 11, ("c", "d")),
+        Segment("f32", 11, 16, ("e",)), Segment("i64", 0, 4, ("n",))]
+    assert segments(lay, pack_below=100) == [Segment("f32", 0, 16, ("a", "b", "c", "d", "e")),
+                                             Segment("i64", 0, 4, ("n",))]
 
 
-def test_bind_flat_makes_the_model_a_view_of_its_buffers():
+@pytest.mark.parametrize("pack_below", [1, 4, 100])
+def test_the_learner_messages_land_in_the_worker_model(pack_below):
     model, source = Tied(), Tied()
     with torch.no_grad():
         for p in source.parameters():
@@ -50,11 +65,16 @@ def test_bind_flat_makes_the_model_a_view_of_its_buffers():
     x = torch.tensor([[0.5, -1.0]])
     before = model.head(x)
     flats = bind_flat(model)
+    assert list(flats) == ["torch.int64", "torch.float32"]
+    assert flats["torch.float32"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0]  # embed, then bias
     assert torch.equal(model.head(x), before)  # values kept
     assert model.head.weight is model.embed.weight  # still tied, still the same Parameter objects
-    # what a broadcast does: write the learner's buffers into the worker's, in place
-    for dtype, flat in flatten(source.state_dict(), torch.device("cpu")).items():
-        flats[dtype].copy_(flat)
+    segs = segments(layout(source.state_dict()), pack_below)
+    assert len(segs) == {1: 3, 4: 3, 100: 2}[pack_below]  # pack_below 4: embed (6) alone, steps and bias packed
+    # what a broadcast does: each of the learner's messages written into the worker's slice, in place
+    for buf, view in zip(messages(source.state_dict(), segs, torch.device("cpu")), targets(flats, segs),
+                         strict=True):
+        view.copy_(buf)
     for key, want in source.state_dict().items():
         assert torch.equal(model.state_dict()[key], want), key
     assert model.embed.weight.tolist() == [[-0.0, -1.0], [-2.0, -3.0], [-4.0, -5.0]]

@@ -38,7 +38,7 @@ from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import Rollout, generate
 from feedbackrl.scale.shards import advance, join_rollouts, shard_rows
 from feedbackrl.scale.threads import available_cores, worker_env
-from feedbackrl.scale.weight_sync import WEIGHT_SYNCS, GroupMember, Layout, wait_alive
+from feedbackrl.scale.weight_sync import WEIGHT_SYNCS, GroupMember, Layout, Segment, wait_alive
 from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
 
 
@@ -86,9 +86,9 @@ class RolloutWorker:
         return self.member.generation
 
     def join(self, address: str, port: int, rank: int, world: int, generation: int, learner_layout: Layout,
-             backend: str) -> int:
+             segs: list[Segment], backend: str) -> int:
         """Join generation `generation` of the learner's weight group as rank `rank` (blocks until all have)."""
-        self.member.join(self.model, address, port, rank, world, generation, learner_layout, backend)
+        self.member.join(self.model, address, port, rank, world, generation, learner_layout, segs, backend)
         return generation
 
     def receive(self, version: int, generation: int) -> int:
