@@ -192,17 +192,17 @@ class RayCollector:
 
     def _redo(self, k: int, p: Pending) -> Any:
         """Worker k died: wait for Ray's restart (initial weights), load the current ones, generate the share again."""
-        self.restarts += 1
         rows = p.parts[k]
         self.log(f"rollout worker {k} died during a step: restarted, policy version {self.version} loaded, its "
                  f"rows {rows.start}..{rows.stop - 1} generated again (none had been scored)")
-        self._wait_restarted(k)
+        self.restarts += self._wait_restarted(k)
         return self.workers[k].generate.remote([q.prompt for q in p.owners], rows, p.sample_state, self.cfg)
 
-    def _wait_restarted(self, k: int) -> None:
-        """Block until worker k answers again (calls fail while Ray restarts it), with the current weights."""
+    def _wait_restarted(self, k: int) -> bool:
+        """Block until worker k answers again (calls fail while Ray restarts it), with the current weights;
+        False if a weight broadcast had already found it dead (and counted it)."""
         wait_alive(self.workers[k], k)
-        self.sync.restore(k, self.version)
+        return self.sync.restore(k, self.version)
 
     def _gather(self, p: Pending) -> list[tuple[Rollout, int]]:
         ray = _ray()
@@ -234,7 +234,8 @@ class RayCollector:
         batch.policy_versions = versions
         if self.scale.max_staleness > 0:
             batch.logprobs = ro.logprobs
-        batch.metrics.update({"scale/worker_restarts": float(self.restarts), self.sync.metric: self.sync_s})
+        batch.metrics.update({"scale/worker_restarts": float(self.restarts + self.sync.deaths),
+                              self.sync.metric: self.sync_s})
         return batch
 
     def close(self) -> None:

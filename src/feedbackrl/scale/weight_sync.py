@@ -28,6 +28,7 @@ gives us the timeout, the rendezvous and the failure behaviour directly, as `sca
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -159,8 +160,11 @@ def join_group(store: dist.Store, rank: int, world: int, generation: int, backen
 
 
 def leave_group() -> None:
+    """Destroy this process's group; its sockets close once nothing refers to it (hence the collection: gloo's
+    shutdown leaves them open while, say, a traceback's frames still hold the group)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+        gc.collect()
 
 
 def wait_alive(worker: Any, k: int) -> None:
@@ -184,7 +188,7 @@ class GroupMember:
         self.flats: dict[str, Tensor] | None = None
         self.store: dist.Store | None = None
         self.segments: list[Segment] = []
-        self.generation = -1
+        self.generation, self.rank = -1, 0
 
     def join(self, model: nn.Module, address: str, port: int, rank: int, world: int, generation: int,
              learner_layout: Layout, segs: list[Segment], backend: str) -> None:
@@ -196,7 +200,7 @@ class GroupMember:
             self.store = dist.TCPStore(address, port, is_master=False,
                                        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         join_group(self.store, rank, world, generation, backend)
-        self.generation = generation
+        self.generation, self.rank = generation, rank
 
     def receive(self, generation: int) -> None:
         if self.flats is None or generation != self.generation:
@@ -213,6 +217,7 @@ class ObjectStoreSync:
 
     def __init__(self, workers: Sequence[Any], model: nn.Module, log: Callable[[str], None]) -> None:
         self.workers, self.ref = workers, None
+        self.deaths = 0  # workers found dead by a push: none, the push does not wait for them
 
     def push(self, model: nn.Module, version: int, in_flight: Sequence[Any]) -> float:
         """Seconds the learner spent: the put (the workers load the weights after their shares in flight)."""
@@ -225,12 +230,13 @@ class ObjectStoreSync:
             w.set_weights.remote(self.ref, version)
         return put_s
 
-    def restore(self, k: int, version: int) -> None:
-        """Worker k came back from a restart with the initial weights: give it version `version`'s."""
+    def restore(self, k: int, version: int) -> bool:
+        """Worker k came back from a restart with the initial weights: give it version `version`'s (True: done now)."""
         import ray
 
         w = self.workers[k]
         ray.get(w.set_weights.remote(self.ref, version) if self.ref is not None else w.set_version.remote(version))
+        return True
 
     def close(self) -> None:
         self.ref = None
@@ -257,6 +263,7 @@ class CollectiveSync:
         # the model whose weights the workers were last sent: it holds them until the next push (the loop trains
         # only between a batch's collect and the update), so a regroup sends them again from it
         self.generation, self.version, self.model = -1, 0, None
+        self.deaths = 0  # broadcasts that found a worker dead
         self._regroup()
 
     def push(self, model: nn.Module, version: int, in_flight: Sequence[Any]) -> float:
@@ -269,18 +276,26 @@ class CollectiveSync:
         self.model, self.version = model, version
         try:
             self._broadcast()
+            return time.perf_counter() - t0
         except (RuntimeError, ray.exceptions.RayError) as err:  # a worker died before or during the broadcast
-            self.log(f"weight broadcast failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}): a rollout "
-                     f"worker died; process group made again, policy version {version} broadcast to every worker")
-            self._regroup()
+            failure = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        # made again outside the except clause: the exception's traceback holds the old group, whose sockets must
+        # close for a live worker blocked in its broadcast to fail out of it (else it waits for the timeout)
+        self.log(f"weight broadcast failed ({failure}): a rollout worker died; process group made again, policy "
+                 f"version {version} broadcast to every worker")
+        self.deaths += 1
+        self._regroup()
         return time.perf_counter() - t0
 
-    def restore(self, k: int, version: int) -> None:
-        """Worker k came back from a restart: unless a regroup already took it in, make the group again."""
+    def restore(self, k: int, version: int) -> bool:
+        """Worker k came back from a restart: unless a broadcast's regroup already took it in (False), make the
+        group again (True)."""
         import ray
 
-        if ray.get(self.workers[k].group_generation.remote()) != self.generation:
-            self._regroup()
+        if ray.get(self.workers[k].group_generation.remote()) == self.generation:
+            return False
+        self._regroup()
+        return True
 
     def _broadcast(self) -> None:
         import ray
