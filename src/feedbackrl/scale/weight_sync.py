@@ -8,16 +8,17 @@ torch.distributed process group, and after each update the learner broadcasts it
 large one (`PACK_BELOW` elements or more) as it is, with no copy, and each run of smaller ones packed
 into one message. A worker's tensors are views into one flat buffer per dtype (bound once, when it
 first joins), and every message is a contiguous slice of one, so the broadcast lands in its model in
-place, with no second copy. The rendezvous is a `TCPStore`
-hosted by the driver on a free port, at the driver's node address as Ray knows it (`ray_address =
-"auto"` clusters included). The backend follows where the workers hold the policy: gloo for CPU
-tensors (the workers run on CPUs today), NCCL for CUDA tensors.
+place, with no second copy. The rendezvous is a `TCPStore` hosted by the driver on a free port, at
+the driver's node address as Ray knows it (`ray_address = "auto"` clusters included). The backend
+follows where the workers hold the policy: gloo for CPU tensors (the workers run on CPUs today), NCCL
+for CUDA tensors (untested: no rollout worker holds the policy on a GPU yet).
 
 A torch.distributed group cannot take in a new member, so when a worker dies (Ray restarts it from its
 constructor's arguments) the group is made again: the learner leaves the old one (closing its sockets,
 which fails any broadcast a live worker is still blocked in), waits until every worker answers, and all
 of them join a new generation of the group under a fresh key prefix in the same store; the learner
-then broadcasts its last weights, so the restarted worker holds exactly what the others hold.
+then broadcasts its last weights, so the restarted worker holds exactly what the others hold. A second
+death during that regroup is not retried: the run stops with the error.
 
 Why plain torch.distributed and not `ray.util.collective`: Ray's collective groups live in actors
 (`init_collective_group` is called inside an actor; the learner here is the driver) and its NCCL
