@@ -207,10 +207,10 @@ def test_collective_sync_survives_a_killed_worker(tiny_model_dir, tmp_path, one_
         assert [got[1][s]["scale/worker_restarts"] for s in range(1, STEPS + 1)] == [0.0, 0.0, 1.0]
 
 
-@pytest.mark.parametrize("weight_sync", ["object_store", "collective"])
-def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_path, weight_sync):
-    _, rows, scored = run(tiny_model_dir, tmp_path, config(4, rollout_workers=2, max_staleness=1,
-                                                            weight_sync=weight_sync), 2)
+@pytest.mark.parametrize("sync", ["object_store", "collective"])
+def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_path, sync):
+    _, rows, scored = run(tiny_model_dir, tmp_path, config(4, rollout_workers=2, max_staleness=1, weight_sync=sync),
+                          2)
     # step 1 waits for a fresh batch; then each batch was sampled while the learner trained on the one before;
     # the last step is sampled fresh too (no sampling runs ahead of the final checkpoint)
     assert [rows[s]["scale/staleness_max"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]
