@@ -285,6 +285,9 @@ class ScaleConfig(Section):
     importance_cap: float = Field(2.0, gt=0, description="truncation of the stale samples' importance weights")
     learner: Literal["ddp", "fsdp"] = Field("ddp", description=(
         "under torchrun: 'ddp' keeps the whole policy on every rank; 'fsdp' shards it over the ranks (FSDP2)"))
+    weight_sync: Literal["object_store", "collective"] = Field("object_store", description=(
+        "how the learner's weights reach the rollout workers after each update: Ray's object store, or a "
+        "torch.distributed broadcast in a process group of the learner and the workers (gloo on CPU)"))
 
     @property
     def uses_ray(self) -> bool:
@@ -295,6 +298,9 @@ class ScaleConfig(Section):
         if self.max_staleness > 0 and self.rollout_workers == 0:
             raise ValueError(f"scale.max_staleness={self.max_staleness} needs scale.rollout_workers >= 1 "
                              "(asynchronous sampling happens on the workers)")
+        if self.weight_sync == "collective" and self.rollout_workers == 0:
+            raise ValueError("scale.weight_sync='collective' needs scale.rollout_workers >= 1 (the weights are "
+                             "broadcast to the rollout workers); got 0")
         return self
 
 

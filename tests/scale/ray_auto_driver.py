@@ -1,7 +1,8 @@
 """The driver of the `scale.ray_address = "auto"` test (tests/scale/test_ray_cluster.py), in its own process:
-`python tests/scale/ray_auto_driver.py MODEL_DIR OUT_DIR`, with the cluster's address in RAY_ADDRESS.
+`python tests/scale/ray_auto_driver.py MODEL_DIR OUT_DIR WEIGHT_SYNC`, with the cluster's address in RAY_ADDRESS.
 
-Trains 2 GRPO steps with `scale.ray_address = "auto"` and 2 rollout workers, saves the parameters to
+Trains 2 GRPO steps with `scale.ray_address = "auto"`, 2 rollout workers and `scale.weight_sync =
+WEIGHT_SYNC`, saves the parameters to
 OUT_DIR/params.pt and prints, as its last line, JSON of what it sees of the cluster it joined.
 """
 
@@ -35,14 +36,17 @@ def grpo(model_dir: Path, out: Path, cfg: RunConfig) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    model_dir, out, weight_sync = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     assert not ray.is_initialized()
-    params, rows = grpo(model_dir, out / "run", config(ray_address="auto", rollout_workers=2))
+    params, rows = grpo(model_dir, out / "run", config(ray_address="auto", rollout_workers=2, weight_sync=weight_sync))
     torch.save(params, out / "params.pt")
     seen = {"initialized": ray.is_initialized(), "gcs_address": ray.get_runtime_context().gcs_address,
             "resources": ray.cluster_resources(), "nodes": len(ray.nodes()),
             "rewards": [rows[s]["reward/mean"] for s in sorted(rows)],
-            "staleness_max": [rows[s]["scale/staleness_max"] for s in sorted(rows)]}
+            "staleness_max": [rows[s]["scale/staleness_max"] for s in sorted(rows)],
+            "weights_s": [rows[s].get("perf/weights_broadcast_s", rows[s].get("perf/weights_put_s"))
+                          for s in sorted(rows)],
+            "process_group_left": not torch.distributed.is_initialized()}
     print(json.dumps(seen))
 
 

@@ -10,9 +10,11 @@ import os
 import random
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -20,6 +22,7 @@ from feedbackrl.config import RunConfig, TaskConfig, build_config  # noqa: E402
 from feedbackrl.envs.procedural.addition import AdditionTask  # noqa: E402
 from feedbackrl.log import MemorySink  # noqa: E402
 from feedbackrl.models.load import load_policy, load_tokenizer  # noqa: E402
+from feedbackrl.scale import weight_sync  # noqa: E402
 from feedbackrl.scale.ray_collect import RayCollector, RewardPool, RolloutWorker  # noqa: E402
 from feedbackrl.train.checkpoint import resolve_resume  # noqa: E402
 from feedbackrl.train.collect import InProcessCollector, task_scorer  # noqa: E402
@@ -125,8 +128,89 @@ def test_a_killed_worker_is_restarted_and_nothing_counts_twice(tiny_model_dir, t
     assert len(lines) == 1 and "rollout worker 1 died" in lines[0] and "rows 6..11 generated again" in lines[0]
 
 
-def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_path):
-    _, rows, scored = run(tiny_model_dir, tmp_path, config(4, rollout_workers=2, max_staleness=1), 2)
+class DiesInBroadcast(RolloutWorker):
+    """Exits its process as the second weight broadcast reaches it (once: a marker file remembers)."""
+
+    marker = ""
+
+    def receive(self, version, generation):
+        if version == 2 and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)
+        return super().receive(version, generation)
+
+
+class DiesWhileOtherWaits(RolloutWorker):
+    """Rank 2 exits as the second broadcast reaches it (once: a marker file remembers); rank 1 enters that
+    broadcast 2 s late, after the learner has found rank 2 dead, so it waits in a broadcast the learner gave up."""
+
+    marker = ""
+
+    def receive(self, version, generation):
+        if version == 2 and self.member.rank == 2 and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)
+        if version == 2 and self.member.rank == 1 and not getattr(self, "lagged", False):
+            self.lagged = True
+            time.sleep(2)
+        return super().receive(version, generation)
+
+
+@pytest.mark.parametrize("pack_below", [weight_sync.PACK_BELOW, 1000])
+def test_collective_sync_equals_one_process(tiny_model_dir, tmp_path, one_process, monkeypatch, pack_below):
+    # the tiny model's tensors are all below the default: one packed message per dtype; from 1000 elements its
+    # matrices go alone (no copy) and the norms' weights are packed between them
+    monkeypatch.setattr(weight_sync, "PACK_BELOW", pack_below)
+    got = run(tiny_model_dir, tmp_path, config(rollout_workers=2, weight_sync="collective"), 2)
+    assert_same_run(got, one_process)  # so the object store's run too (the test above): every reward, every weight
+    assert got[2] == STEPS * 12
+    rows = got[1]
+    assert "perf/weights_put_s" not in rows[2]
+    assert rows[1]["perf/weights_broadcast_s"] == 0.0 and rows[2]["perf/weights_broadcast_s"] > 0  # after update 1
+    assert not torch.distributed.is_initialized()  # the collector's close left the process group
+
+
+def test_collective_sync_refuses_a_process_that_has_a_group(tiny_model_dir, tmp_path):
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)  # as under torchrun
+    try:
+        with pytest.raises(RuntimeError, match="already has one .torchrun.*scale.weight_sync = 'object_store'"):
+            run(tiny_model_dir, tmp_path, config(rollout_workers=2, weight_sync="collective"), 2)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("worker", [DiesOnce, DiesInBroadcast, DiesWhileOtherWaits])
+def test_collective_sync_survives_a_killed_worker(tiny_model_dir, tmp_path, one_process, worker):
+    # DiesOnce: found dead when its share is gathered; DiesInBroadcast: found dead by the broadcast itself;
+    # DiesWhileOtherWaits: the same, the other worker left waiting in the broken broadcast. Each time the group is
+    # made again and the restarted worker gets the current weights from it
+    marker = tmp_path / "died"
+    cls = type(f"{worker.__name__}Here", (worker,), {"marker": str(marker)})
+    lines: list[str] = []
+    t0 = time.monotonic()
+    got = run(tiny_model_dir, tmp_path / "out", config(rollout_workers=2, weight_sync="collective"), 2,
+              worker_cls=cls, log=lines.append)
+    # a live worker blocked in the broken group's broadcast is freed when the learner leaves it, not by the timeout
+    assert time.monotonic() - t0 < weight_sync.COLLECTIVE_TIMEOUT_S / 2
+    assert marker.exists()
+    assert_same_run(got, one_process)
+    assert got[2] == STEPS * 12
+    assert len(lines) == 1, lines
+    if worker is DiesOnce:
+        assert "rollout worker 1 died" in lines[0] and "rows 6..11 generated again" in lines[0]
+        assert [got[1][s]["scale/worker_restarts"] for s in range(1, STEPS + 1)] == [0.0, 1.0, 1.0]
+    else:  # found by the broadcast after step 2's update: counted from step 3's batch on
+        assert "weight broadcast failed" in lines[0] and "policy version 2 broadcast to every worker" in lines[0]
+        assert [got[1][s]["scale/worker_restarts"] for s in range(1, STEPS + 1)] == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("sync", ["object_store", "collective"])
+def test_asynchronous_mode_trains_on_one_step_old_samples(tiny_model_dir, tmp_path, sync):
+    _, rows, scored = run(tiny_model_dir, tmp_path, config(4, rollout_workers=2, max_staleness=1, weight_sync=sync),
+                          2)
     # step 1 waits for a fresh batch; then each batch was sampled while the learner trained on the one before;
     # the last step is sampled fresh too (no sampling runs ahead of the final checkpoint)
     assert [rows[s]["scale/staleness_max"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]
@@ -145,6 +229,26 @@ def resumed_against_uninterrupted(model_dir: Path, tmp_path: Path, cfg: RunConfi
     ckpt = resolve_resume(tmp_path / "half")
     got, rows, scored = run(ckpt, tmp_path / "half", cfg, 2, resume_from=ckpt)
     return want, want_rows, got, rows, scored
+
+
+def test_asynchronous_collective_sync_survives_a_killed_worker(tiny_model_dir, tmp_path):
+    # the worker dies sampling the prefetched batch 2; the broadcast after update 1 waits for that share, finds
+    # the worker dead and makes the group again; then the share is gathered, found lost and generated again
+    # with the weights the regroup sent: one death, counted once, every completion scored once
+    marker = tmp_path / "died"
+    cls = type("DiesOnceHere", (DiesOnce,), {"marker": str(marker)})
+    lines: list[str] = []
+    cfg = config(4, rollout_workers=2, max_staleness=1, weight_sync="collective")
+    t0 = time.monotonic()
+    _, rows, scored = run(tiny_model_dir, tmp_path / "out", cfg, 2, worker_cls=cls, log=lines.append)
+    # the other worker may be blocked in the broken group's broadcast: freed when the learner leaves the group
+    assert time.monotonic() - t0 < weight_sync.COLLECTIVE_TIMEOUT_S / 2
+    assert marker.exists() and scored == 4 * 12
+    assert [rows[s]["scale/worker_restarts"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]
+    assert len(lines) == 2 and "weight broadcast failed" in lines[0] and "rows 6..11 generated again" in lines[1]
+    # the regenerated rows were sampled with version 1, the others with version 0, trained on at step 2
+    assert [rows[s]["scale/staleness_max"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]
+    assert rows[2]["scale/staleness_mean"] == 0.5
 
 
 def test_asynchronous_resume_is_bit_exact(tiny_model_dir, tmp_path):

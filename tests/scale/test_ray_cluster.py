@@ -98,9 +98,11 @@ def head_node(tmp_path):
 
 
 @pytest.mark.slow
-def test_auto_joins_the_running_cluster(tiny_model_dir, tmp_path, head_node):
+@pytest.mark.parametrize("weight_sync", ["object_store", "collective"])
+def test_auto_joins_the_running_cluster(tiny_model_dir, tmp_path, head_node, weight_sync):
+    # collective: the process group's store is on the driver, at the address Ray gives its node
     port, env = head_node
-    proc = subprocess.run([sys.executable, str(DRIVER), str(tiny_model_dir), str(tmp_path)], env=env,
+    proc = subprocess.run([sys.executable, str(DRIVER), str(tiny_model_dir), str(tmp_path), weight_sync], env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -113,6 +115,7 @@ def test_auto_joins_the_running_cluster(tiny_model_dir, tmp_path, head_node):
     assert_same_parameters(torch.load(tmp_path / "params.pt"), want)
     assert seen["rewards"] == [want_rows[s]["reward/mean"] for s in (1, 2)]
     assert seen["staleness_max"] == [0.0, 0.0]
+    assert seen["weights_s"][1] > 0 and seen["process_group_left"]  # weights sent after step 1; group left
     # the cluster outlived the driver: it was not the driver's to stop
     alive = subprocess.run([sys.executable, "-c", "import ray; ray.init(log_to_driver=False); "
                             f"print(ray.cluster_resources().get('{MARKER}'))"], env=env, capture_output=True,

@@ -2,10 +2,10 @@
 
 Rollout workers are actors that each hold a copy of the policy and generate their share of a step's
 rows (`shards.py` says why the shares add up to the single process's batch). Weights go from the
-learner to the workers after each update through Ray's object store: one `ray.put` of the state
-dict, read by every worker. Reward workers are a pool of actors that each build the task and verify a
-chunk of the completions (the code sandbox's verdicts are CPU-heavy); verdicts are pure, so a chunk
-whose worker died is simply verified again.
+learner to the workers after each update through Ray's object store (one `ray.put` of the state dict,
+read by every worker) or a torch.distributed broadcast (`scale.weight_sync`, `weight_sync.py`). Reward
+workers are a pool of actors that each build the task and verify a chunk of the completions (the code
+sandbox's verdicts are CPU-heavy); verdicts are pure, so a chunk whose worker died is simply verified again.
 
 Synchronous (`scale.max_staleness = 0`): a step's rows are generated with the current weights, and
 the run equals the single process's. Asynchronous (`max_staleness = 1`): as soon as a batch is
@@ -14,9 +14,10 @@ overlaps the learner's update on batch s; a batch is then one policy version old
 on, and the loop corrects for it (`algos/staleness.py`).
 
 A rollout worker that dies mid-step is restarted by Ray (`max_restarts`); its share of the step is
-thrown away, the restarted worker is given the current weights and generates the share again from
-the same sampling state, so every row is generated, scored and counted exactly once. The run's
-console says so and the step's metrics carry `scale/worker_restarts`.
+thrown away, the restarted worker is given the current weights (with collective sync, by making the
+process group again: `weight_sync.py`) and generates the share again from the same sampling state,
+so every row is generated, scored and counted exactly once. The run's console says so and the step's
+metrics carry `scale/worker_restarts`.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import Rollout, generate
 from feedbackrl.scale.shards import advance, join_rollouts, shard_rows
 from feedbackrl.scale.threads import available_cores, worker_env
+from feedbackrl.scale.weight_sync import WEIGHT_SYNCS, GroupMember, Layout, Segment, wait_alive
 from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
-
-RESTART_POLLS, RESTART_POLL_S = 240, 0.5  # how long a dead rollout worker may take to come back: 2 minutes
 
 
 def _ray() -> Any:
@@ -68,6 +68,10 @@ class RolloutWorker:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, threads: int) -> None:
         torch.set_num_threads(threads)
         self.model, self.tokenizer, self.version = model.cpu().eval(), tokenizer, 0
+        self.member = GroupMember()  # its place in the learner's weight group (collective sync)
+
+    def ping(self) -> None:
+        """Answers once the actor is up (and its earlier calls are done)."""
 
     def set_version(self, version: int) -> int:
         self.version = version
@@ -75,6 +79,21 @@ class RolloutWorker:
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
         self.model.load_state_dict(state)
+        self.version = version
+        return version
+
+    def group_generation(self) -> int:
+        return self.member.generation
+
+    def join(self, address: str, port: int, rank: int, world: int, generation: int, learner_layout: Layout,
+             segs: list[Segment], backend: str) -> int:
+        """Join generation `generation` of the learner's weight group as rank `rank` (blocks until all have)."""
+        self.member.join(self.model, address, port, rank, world, generation, learner_layout, segs, backend)
+        return generation
+
+    def receive(self, version: int, generation: int) -> int:
+        """The learner's broadcast of policy version `version`, straight into the model's tensors."""
+        self.member.receive(generation)
         self.version = version
         return version
 
@@ -146,17 +165,20 @@ class RayCollector:
         # kept: Ray restarts a dead worker from its constructor's arguments, which must stay in the object store
         self.init_refs = (ray.put(model), ray.put(tokenizer))
         self.workers = [actor.remote(*self.init_refs, threads) for _ in range(scale.rollout_workers)]
-        self.version, self.weights_ref, self.restarts, self.put_s = 0, None, 0, 0.0
+        self.version, self.restarts = 0, 0
         self.pending: deque[Pending] = deque()
+        try:
+            self.sync = WEIGHT_SYNCS[scale.weight_sync](self.workers, model, log)
+        except BaseException:
+            for w in self.workers:
+                ray.kill(w)
+            raise
+        self.sync_s = 0.0  # the last update's weight transfer, as the learner saw it
 
     def update(self, model: PreTrainedModel, version: int) -> None:
-        """Put the learner's weights in the object store once; every worker loads them before its next share."""
-        ray = _ray()
-        t0 = time.perf_counter()
-        self.weights_ref = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        self.put_s, self.version = time.perf_counter() - t0, version
-        for w in self.workers:
-            w.set_weights.remote(self.weights_ref, version)
+        """Send the learner's weights to every worker (`scale.weight_sync`); they sample the next shares with them."""
+        in_flight = [ref for p in self.pending for ref in p.refs]
+        self.sync_s, self.version = self.sync.push(model, version, in_flight), version
 
     def _launch(self, prompt_rng: random.Random, sample_rng: torch.Generator) -> Pending:
         t0 = time.perf_counter()
@@ -170,27 +192,17 @@ class RayCollector:
 
     def _redo(self, k: int, p: Pending) -> Any:
         """Worker k died: wait for Ray's restart (initial weights), load the current ones, generate the share again."""
-        self.restarts += 1
         rows = p.parts[k]
         self.log(f"rollout worker {k} died during a step: restarted, policy version {self.version} loaded, its "
                  f"rows {rows.start}..{rows.stop - 1} generated again (none had been scored)")
-        self._wait_restarted(k)
+        self.restarts += self._wait_restarted(k)
         return self.workers[k].generate.remote([q.prompt for q in p.owners], rows, p.sample_state, self.cfg)
 
-    def _wait_restarted(self, k: int) -> None:
-        """Block until worker k answers again (calls fail while Ray restarts it), with the current weights."""
-        ray = _ray()
-        w = self.workers[k]
-        for _ in range(RESTART_POLLS):
-            try:
-                if self.weights_ref is None:
-                    ray.get(w.set_version.remote(self.version))
-                else:
-                    ray.get(w.set_weights.remote(self.weights_ref, self.version))
-                return
-            except ray.exceptions.RayActorError:
-                time.sleep(RESTART_POLL_S)
-        raise RuntimeError(f"rollout worker {k} did not come back after {RESTART_POLLS * RESTART_POLL_S:.0f} s")
+    def _wait_restarted(self, k: int) -> bool:
+        """Block until worker k answers again (calls fail while Ray restarts it), with the current weights;
+        False if a weight broadcast had already found it dead (and counted it)."""
+        wait_alive(self.workers[k], k)
+        return self.sync.restore(k, self.version)
 
     def _gather(self, p: Pending) -> list[tuple[Rollout, int]]:
         ray = _ray()
@@ -222,11 +234,13 @@ class RayCollector:
         batch.policy_versions = versions
         if self.scale.max_staleness > 0:
             batch.logprobs = ro.logprobs
-        batch.metrics.update({"scale/worker_restarts": float(self.restarts), "perf/weights_put_s": self.put_s})
+        batch.metrics.update({"scale/worker_restarts": float(self.restarts + self.sync.deaths),
+                              self.sync.metric: self.sync_s})
         return batch
 
     def close(self) -> None:
         ray = _ray()
+        self.sync.close()  # first: the learner leaves the group before its peers go
         for w in self.workers:
             ray.kill(w)
         self.pending.clear()
