@@ -254,3 +254,15 @@ def test_ranks_on_one_node_share_its_cores(tmp_path):
     assert torch.get_num_threads() == threads_per_process(2)
     start_run(build_config({"train": {"threads": 0}}), tmp_path)
     assert torch.get_num_threads() == threads_per_process(1)
+
+
+def test_fsdp_refuses_a_model_without_decoder_layers_before_any_collective():
+    # checked before the device mesh is built (no process group here): the CLI prints it as a config error
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from feedbackrl.scale.fsdp import ShardedRanks
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    with pytest.raises(ConfigError, match=r"scale.learner = 'fsdp' shards decoder layers at model.model.layers .*; "
+                                          r"GPT2LMHeadModel has none: use scale.learner = 'ddp'"):
+        ShardedRanks(rank=0, world=2, local_world=2, backend="gloo").shard(gpt2)
