@@ -8,6 +8,7 @@ that samples with the native decoder from its own copy of the weights. vLLM itse
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 import sys
@@ -382,3 +383,29 @@ def test_weights_that_leave_a_vllm_parameter_unfilled_are_an_error(monkeypatch, 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     with pytest.raises(RuntimeError, match=r"1 parameters the policy's weights did not fill, e\.g\. \['qkv_proj"):
         vllm_rollout.VllmEngine(build_model(tokenizer, "tiny", seed=0), tokenizer, RolloutConfig(), seed=0)
+
+
+@pytest.mark.parametrize("starts", [True, False])
+def test_the_engine_gives_the_learner_its_threads_back_whether_vllm_starts_or_not(monkeypatch, tokenizer, starts):
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op while the engine starts (then maybe fails, e.g.
+    # for want of memory for its KV cache): the learner's process must get the real one back either way
+    real = torch.set_num_threads
+    fake = fake_vllm(FakeVllmModel())
+    started = fake.LLM
+
+    class LLM(started):
+        def __init__(self, **kwargs):
+            torch.set_num_threads = lambda n: None
+            if not starts:
+                raise ValueError("Available memory on node 0 ... is less than requested memory for kv")
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(fake, "LLM", LLM)
+    monkeypatch.setattr(vllm_rollout, "_vllm", lambda: fake)
+    monkeypatch.setitem(sys.modules, RELOAD, None)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setattr(torch, "set_num_threads", real)  # put back after the test, whatever the engine did
+    with contextlib.nullcontext() if starts else pytest.raises(ValueError, match="less than requested memory"):
+        engine = vllm_rollout.VllmEngine(build_model(tokenizer, "tiny", seed=0), tokenizer, RolloutConfig(), seed=0)
+        engine.dir.cleanup()
+    assert torch.set_num_threads is real

@@ -236,13 +236,18 @@ class VllmEngine:
         # vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process (its own workers
         # pin their threads); in-process that would freeze the learner's `train.threads`: put it back below
         set_num_threads = torch.set_num_threads
-        self.llm = self.vllm.LLM(
-            model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
-            gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
-            generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
-        torch.set_float32_matmul_precision(precision)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.set_num_threads = set_num_threads
+        try:  # given back also when vLLM fails to start (e.g. short of memory for its KV cache)
+            self.llm = self.vllm.LLM(
+                model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
+                gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
+                generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
+        except BaseException:
+            self.dir.cleanup()
+            raise
+        finally:
+            torch.set_float32_matmul_precision(precision)
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.set_num_threads = set_num_threads
         self.load(model)
 
     def load(self, model: PreTrainedModel) -> None:
