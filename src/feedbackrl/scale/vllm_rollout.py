@@ -221,7 +221,7 @@ class VllmEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
                  seed: int, **llm_args: Any) -> None:
         """`llm_args` go to `vllm.LLM` as they are (the GPU tests pass `enforce_eager=True` to start faster)."""
-        # the engine core in this process: `collective_rpc` then passes the weights by reference (read when the LLM starts)
+        # the engine core in this process, so `collective_rpc` passes the weights by reference (read at LLM start)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.vllm = _vllm()
         base = decodable(model)
