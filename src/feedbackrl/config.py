@@ -288,6 +288,10 @@ class ScaleConfig(Section):
     weight_sync: Literal["object_store", "collective"] = Field("object_store", description=(
         "how the learner's weights reach the rollout workers after each update: Ray's object store, or a "
         "torch.distributed broadcast in a process group of the learner and the workers (gloo on CPU)"))
+    dist_timeout_s: float = Field(0, ge=0, allow_inf_nan=False, description=(
+        "under torchrun: seconds a rank waits in a collective before the run fails, e.g. while rank 0 alone "
+        "scores with a judge, evaluates or writes a checkpoint; 0 = torch's default (30 min for gloo, "
+        "10 min for NCCL)"))
 
     @property
     def uses_ray(self) -> bool:

@@ -8,6 +8,7 @@ about a quarter of the time (the task's verifier would give all zeros, hence zer
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -246,6 +247,37 @@ def test_torchrun_refuses_what_does_not_run_data_parallel(monkeypatch):
     with pytest.raises(ConfigError, match="a minibatch holds 4 rows"):
         check_run(build_config({"rollout": {"prompts_per_step": 2, "group_size": 4}, "algo": {"minibatches": 2}}),
                   None)
+
+
+class Joined(Exception):
+    """Raised by a stand-in `init_process_group`: the run got as far as joining the process group."""
+
+
+@pytest.mark.parametrize("learner", ["ddp", "fsdp"])
+def test_dist_timeout_reaches_the_process_group(monkeypatch, tmp_path, learner):
+    # rank 0 alone scores, evaluates and writes checkpoints while the other ranks wait in a collective: the
+    # recipe's scale.dist_timeout_s must reach init_process_group, and 0 must leave torch's default
+    import feedbackrl.scale.ddp as ddp
+    from feedbackrl.train.run import run
+
+    seen = []
+
+    def init_process_group(backend, **kwargs):
+        seen.append((backend, kwargs.get("timeout", "absent")))
+        raise Joined
+
+    monkeypatch.setattr(ddp.dist, "init_process_group", init_process_group)
+    monkeypatch.setattr(ddp.dist, "is_initialized", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    small = {"rollout": {"prompts_per_step": 4, "group_size": 4}}
+    for timeout_s, want in ((90, datetime.timedelta(seconds=90)), (2.5, datetime.timedelta(seconds=2.5)), (0, None)):
+        with pytest.raises(Joined):
+            run(build_config({**small, "scale": {"learner": learner, "dist_timeout_s": timeout_s}}), tmp_path)
+        assert seen.pop() == ("gloo", want), timeout_s
+    for bad, message in ((-1, "greater than or equal to 0 (got -1)"), (float("inf"), "a finite number (got inf)")):
+        with pytest.raises(ConfigError, match=re.escape(f"scale.dist_timeout_s: Input should be {message}")):
+            build_config({"scale": {"dist_timeout_s": bad}})
+    assert build_config({}).scale.dist_timeout_s == 0  # torch's default unless the recipe sets one
 
 
 def test_ranks_on_one_node_share_its_cores(tmp_path):

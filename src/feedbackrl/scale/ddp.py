@@ -25,6 +25,7 @@ to resume or to roll back, so OUT must be one directory they all see (one node, 
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from dataclasses import dataclass, fields
@@ -59,9 +60,12 @@ class TorchrunRanks:
         return self.rank == 0
 
     @classmethod
-    def join(cls, device: torch.device) -> tuple[TorchrunRanks, torch.device]:
+    def join(cls, device: torch.device, timeout_s: float = 0) -> tuple[TorchrunRanks, torch.device]:
         """Join the process group `torchrun` describes (RANK, WORLD_SIZE, MASTER_ADDR...): NCCL when the
-        policy is on a GPU (each rank on GPU LOCAL_RANK), gloo on CPUs. -> the ranks and this rank's device."""
+        policy is on a GPU (each rank on GPU LOCAL_RANK), gloo on CPUs. -> the ranks and this rank's device.
+
+        `timeout_s` (`scale.dist_timeout_s`): how long a collective waits for the other ranks before it fails;
+        0 keeps torch's default. Rank 0 alone scores, evaluates and writes checkpoints while the others wait."""
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if device.type == "cuda":
             if device.index is not None:
@@ -71,7 +75,8 @@ class TorchrunRanks:
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         if not dist.is_initialized():
-            dist.init_process_group(backend)
+            timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None  # None: torch's default
+            dist.init_process_group(backend, timeout=timeout)
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
         return cls(dist.get_rank(), dist.get_world_size(), local_world, backend), device
 

@@ -183,18 +183,19 @@ def _eval_metrics(result: dict[str, Any], k: int) -> dict[str, Any]:
     return {"phase": "eval", "eval/accuracy": result["accuracy"], **sampled}
 
 
-def join_ranks(device: torch.device, learner: str = "ddp") -> tuple[Ranks, torch.device]:
+def join_ranks(device: torch.device, learner: str = "ddp", timeout_s: float = 0) -> tuple[Ranks, torch.device]:
     """This process alone, or, launched by `torchrun` (WORLD_SIZE > 1), its rank of the data-parallel learner
-    (`scale.learner`: the whole policy on every rank, or sharded with FSDP2) and the device that rank trains on."""
+    (`scale.learner`: the whole policy on every rank, or sharded with FSDP2) and the device that rank trains on.
+    `timeout_s`: the process group's collective timeout (`scale.dist_timeout_s`; 0 = torch's default)."""
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return OneProcess(), device
     if learner == "fsdp":
         from feedbackrl.scale.fsdp import ShardedRanks  # torch.distributed glue: imported when launched so
 
-        return ShardedRanks.join(device)
+        return ShardedRanks.join(device, timeout_s)
     from feedbackrl.scale.ddp import TorchrunRanks
 
-    return TorchrunRanks.join(device)
+    return TorchrunRanks.join(device, timeout_s)
 
 
 def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.device, Path | None]:
@@ -291,7 +292,7 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
 def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
     """Run the recipe into `out_dir`; with `resume`, continue from a checkpoint (SFT is not redone)."""
     entry, device, ckpt = check_run(cfg, resume)
-    ranks, device = join_ranks(device, cfg.scale.learner)
+    ranks, device = join_ranks(device, cfg.scale.learner, cfg.scale.dist_timeout_s)
     try:
         if not ranks.main:  # the other ranks train in step with rank 0, which evaluates and reports
             _train_on_rank(cfg, entry, out_dir, device, ckpt, ranks)
