@@ -395,8 +395,6 @@ class RunConfig(Section):
             "sft.steps": (self.sft.steps > 0 and self.algo.name != "sft",
                           f"is {self.sft.steps}; the SFT warm start runs unsharded: train it in its own run "
                           "(algo.name = 'sft') and set model.path to the policy it saves, with sft.steps = 0"),
-            "train.precision": (self.train.precision != "fp32",
-                                f"is {self.train.precision!r}; the sharded learner is tested in fp32 only: set 'fp32'"),
         }
         bad = [f"{key} {why}" for key, (wrong, why) in refused.items() if wrong]
         if bad:
