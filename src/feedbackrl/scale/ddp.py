@@ -43,10 +43,11 @@ from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import Rollout, generate
 from feedbackrl.scale.shards import advance, join_rollouts, shard_rows
 from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
+from feedbackrl.train.context import WholePolicy
 
 
 @dataclass
-class TorchrunRanks:
+class TorchrunRanks(WholePolicy):
     """The `Ranks` of a `torchrun` launch (see `train/context.py`); `join` starts it."""
 
     rank: int
@@ -128,23 +129,6 @@ class TorchrunRanks:
 
     def all_done(self, done: Tensor) -> bool:
         return bool(done.all())  # each rank stops when its own rows are done: its forward calls are its own
-
-    def shard(self, model: PreTrainedModel) -> PreTrainedModel:
-        return model
-
-    def full_model(self, model: PreTrainedModel) -> PreTrainedModel | None:
-        return model
-
-    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        return optimizer.state_dict()
-
-    @torch.no_grad()
-    def load_model_state(self, model: torch.nn.Module, state: dict[str, Tensor]) -> None:
-        model.load_state_dict(state)
-
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                             state: dict[str, Any]) -> None:
-        optimizer.load_state_dict(state)
 
     def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
                   cfg: RolloutConfig) -> ShardedCollector:

@@ -71,8 +71,30 @@ class Ranks(Protocol):
     def close(self) -> None: ...
 
 
+class WholePolicy:
+    """The state methods of `Ranks` whose every process holds the whole policy (one process, data
+    parallel): nothing to shard, gather or scatter."""
+
+    def shard(self, model: PreTrainedModel) -> PreTrainedModel:
+        return model
+
+    def full_model(self, model: PreTrainedModel) -> PreTrainedModel | None:
+        return model
+
+    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        return optimizer.state_dict()
+
+    @torch.no_grad()
+    def load_model_state(self, model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+        model.load_state_dict(state)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+
 @dataclass
-class OneProcess:
+class OneProcess(WholePolicy):
     """The default `Ranks`: one process, every row its own, nothing to communicate."""
 
     rank: int = 0
@@ -105,23 +127,6 @@ class OneProcess:
 
     def all_done(self, done: Tensor) -> bool:
         return bool(done.all())
-
-    def shard(self, model: PreTrainedModel) -> PreTrainedModel:
-        return model
-
-    def full_model(self, model: PreTrainedModel) -> PreTrainedModel | None:
-        return model
-
-    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        return optimizer.state_dict()
-
-    @torch.no_grad()
-    def load_model_state(self, model: torch.nn.Module, state: dict[str, Tensor]) -> None:
-        model.load_state_dict(state)
-
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                             state: dict[str, Any]) -> None:
-        optimizer.load_state_dict(state)
 
     def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
                   cfg: RolloutConfig) -> Collector:
