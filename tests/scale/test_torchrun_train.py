@@ -166,7 +166,7 @@ def test_fsdp_trains_as_one_process_and_resumes(tmp_path, one_process):
 
 
 @pytest.mark.slow
-def test_fsdp_monitor_rollbacks_as_one_process(tmp_path, tiny_model_dir):
+def test_fsdp_monitor_rollbacks_as_one_process(tmp_path):
     train(tmp_path / "one", 1, *ROLLBACK)
     train(tmp_path / "fsdp", 2, *FSDP, *ROLLBACK)
     actions = [[a["action"] for a in map(json.loads, (tmp_path / d / "alerts.jsonl").read_text().splitlines())]
