@@ -63,11 +63,11 @@ def peaked_lm(tokenizer):
     return model.eval()
 
 
-@pytest.fixture(scope="session")
-def peaked_qwen(tokenizer):
-    """A tiny Qwen2 with grouped-query attention (4 query heads, 2 KV heads) and q/k/v biases."""
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
+def build_peaked_qwen(tokenizer, hidden_size: int = 64):
+    """A tiny Qwen2 with grouped-query attention (4 query heads, 2 KV heads) and q/k/v biases, its matrices and
+    biases drawn at std 0.3 so greedy outputs depend on the prompt; heads hidden_size / 4 wide."""
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=128,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                       tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -78,6 +78,18 @@ def peaked_qwen(tokenizer):
             if p.dim() == 2 or name.endswith(".bias"):
                 p.normal_(0.0, 0.3, generator=gen)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def peaked_qwen(tokenizer):
+    return build_peaked_qwen(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def peaked_qwen_32(tokenizer):
+    """`peaked_qwen` with 32-dim heads instead of 16: vLLM's CPU attention kernels take head sizes 32, 64, 80, ...
+    only (a 16-dim head fails at the first forward)."""
+    return build_peaked_qwen(tokenizer, hidden_size=128)
 
 
 @pytest.fixture(scope="session")
