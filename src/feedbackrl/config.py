@@ -331,6 +331,12 @@ class RunConfig(Section):
             data = {**data, "algo": {"name": "grpo", **data["algo"]}}
         return data
 
+    @property
+    def minibatch_rows(self) -> int:
+        """Rows in one minibatch of an online algorithm: rollout.prompts_per_step * rollout.group_size /
+        algo.minibatches."""
+        return self.rollout.prompts_per_step * self.rollout.group_size // self.algo.minibatches
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
         a, n = self.algo, self.rollout.prompts_per_step * self.rollout.group_size

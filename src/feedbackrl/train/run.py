@@ -212,8 +212,8 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
     if world > 1 and cfg.scale.uses_ray:
         raise ConfigError("torchrun with scale.rollout_workers / scale.reward_workers: use one or the other (the "
                           "ranks generate their own shares of each step)")
-    if world > 1 and world > (rows := cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches):
-        raise ConfigError(f"torchrun with {world} ranks: a minibatch holds {rows} rows "
+    if world > 1 and world > cfg.minibatch_rows:
+        raise ConfigError(f"torchrun with {world} ranks: a minibatch holds {cfg.minibatch_rows} rows "
                           "(rollout.prompts_per_step * rollout.group_size / algo.minibatches); every rank needs one")
     if cfg.scale.learner == "fsdp":
         check_sharded(cfg, world)
@@ -239,9 +239,8 @@ def check_sharded(cfg: RunConfig, world: int) -> None:
     if world == 1:
         raise ConfigError("scale.learner = 'fsdp' shards the policy over torchrun's ranks: launch with torchrun "
                           "--nproc_per_node N (N >= 2), or set scale.learner = 'ddp' for one process")
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches
-    if rows % world:
-        raise ConfigError(f"scale.learner = 'fsdp' with {world} ranks: a minibatch holds {rows} rows "
+    if cfg.minibatch_rows % world:
+        raise ConfigError(f"scale.learner = 'fsdp' with {world} ranks: a minibatch holds {cfg.minibatch_rows} rows "
                           "(rollout.prompts_per_step * rollout.group_size / algo.minibatches), which the ranks "
                           f"cannot share equally; make it a multiple of {world}")
 
