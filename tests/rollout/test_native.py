@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from fp32 import U, assert_within, gamma
 
 from feedbackrl.rollout import generate as gen_mod
 from feedbackrl.rollout import native
@@ -33,6 +34,47 @@ def reference(qkv, rot, k, v, at, keep, heads, scale):
     return att.transpose(1, 2).reshape(n, heads * d)
 
 
+def float64_truth_and_bounds(qkv, rot, k, v, at, keep, heads, scale):
+    """The reference in float64 from the same float32 inputs, and elementwise bounds on a float32 run's error.
+
+    Returns (out, qkv, k) of the float64 run and the bounds (out_tol, rope_tol) that any float32 implementation
+    of these ops stays within, whatever its summation order, vector width or FMA use (see tests/fp32.py):
+    - RoPE, x' = a c - b s: gamma(2) (|a||c| + |b||s|) per element (R below, the rotation on magnitudes).
+    - score s_j = scale * q'.k'_j over D terms, with q' and k' rotated in float32 first: error at most
+      E_j = scale gamma(D + 3) sum_d R(q)_d R(k_j)_d, plus 2 U (|s_j| + |s_j - m|) for the product by the
+      scale and the subtraction of the running max m.
+    - softmax: a score error e_j moves p_j by a relative e_j - sum_l p_l e_l, at most 2 max_j E_j; exp adds
+      4 U (the kernel's Cephes polynomial is ~1e-7 relative, PyTorch's Sleef exp 1 ulp), the normalising
+      sum gamma(len) and the division U.
+    - output sum_j p_j v_j: gamma(len) sum_j p_j |v_j| for the sum, 2 U for the final scaling.
+    Together, first order in U: |out - exact| <= (2 max_j E_j + 2 gamma(len) + 8 U) sum_j p_j |v_j|.
+    """
+    n, hk, t, d = k.shape
+    want_qkv, want_k, want_v = qkv.double(), k.double(), v.double()
+    want = reference(want_qkv, rot.to(torch.complex128), want_k, want_v, at, keep, heads, scale)
+    pairs = qkv.double()[:, : (heads + hk) * d].view(n, heads + hk, d // 2, 2).abs()
+    c, s = rot.real.double().abs()[:, None], rot.imag.double().abs()[:, None]
+    mag = torch.stack([pairs[..., 0] * c + pairs[..., 1] * s, pairs[..., 0] * s + pairs[..., 1] * c], -1)
+    mag = mag.view(n, heads + hk, d)  # R(x): each rotated element's terms in magnitude
+    rope_tol = torch.zeros_like(want_qkv)
+    rope_tol[:, : (heads + hk) * d] = gamma(2) * mag.view(n, -1)
+    k_mag = want_k.abs()[:, :, : at + 1].clone()
+    k_mag[:, :, at] = mag[:, heads:]
+    k_mag = k_mag.repeat_interleave(heads // hk, dim=1)  # (n, heads, len, d): each query head's keys
+    q_rot = want_qkv[:, : heads * d].view(n, heads, 1, d)
+    scores = scale * (q_rot * want_k[:, :, : at + 1].repeat_interleave(heads // hk, dim=1)).sum(-1)
+    visible = torch.ones(n, 1, at + 1, dtype=torch.bool) if keep is None else keep[:, None, : at + 1]
+    scores = scores.masked_fill(~visible, -torch.inf)
+    top = scores.amax(-1, keepdim=True)
+    err = scale * gamma(d + 3) * (mag[:, :heads, None] * k_mag).sum(-1) + 2 * U * (scores.abs() + (scores - top).abs())
+    max_err = err.masked_fill(~visible, 0).amax(-1, keepdim=True)  # (n, heads, 1)
+    p = scores.softmax(-1)
+    v_mag = want_v[:, :, : at + 1].abs().repeat_interleave(heads // hk, dim=1)
+    weighted_v = (p[:, :, None] @ v_mag)[:, :, 0]  # sum_j p_j |v_j|, (n, heads, d)
+    out_tol = (2 * max_err + 2 * gamma(at + 1) + 8 * U) * weighted_v
+    return (want, want_qkv, want_k), (out_tol.reshape(n, heads * d), rope_tol)
+
+
 def inputs(n, heads, kv_heads, d, t, seed=0):
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=g) * 2
@@ -53,14 +95,21 @@ def test_kernel_matches_the_pytorch_ops_it_replaces(n, heads, kv_heads, d, at, m
     if masked:  # left padding of different lengths; the new position is always visible
         keep = torch.arange(t)[None, :] >= torch.arange(n)[:, None] % 4
         keep[:, at] = True
+    (exact, exact_qkv, exact_k), (out_tol, rope_tol) = float64_truth_and_bounds(qkv, rot, k, v, at, keep, heads,
+                                                                                d**-0.5)
     want_qkv, want_k, want_v = qkv.clone(), k.clone(), v.clone()
     want = reference(want_qkv, rot, want_k, want_v, at, keep, heads, d**-0.5)
     out = torch.full((n, heads * d), float("nan"))
     native.decode_attention(qkv, rot, k, v, at, keep, out, heads, d**-0.5)
-    torch.testing.assert_close(out, want, rtol=0, atol=2e-6)
-    torch.testing.assert_close(qkv, want_qkv, rtol=0, atol=1e-6)  # q and k rotated in place, v untouched
-    torch.testing.assert_close(k, want_k, rtol=0, atol=1e-6)  # the new key and value, and nothing else, written
+    # both float32 sides, the kernel and PyTorch, within the rounding bound of the float64 run (no CPU's figure)
+    for name, got, got_qkv, got_k in [("kernel", out, qkv, k), ("pytorch", want, want_qkv, want_k)]:
+        assert_within(got, exact, out_tol, f"{name} attention output")
+        assert_within(got_qkv, exact_qkv, rope_tol, f"{name} q and k rotated in place")  # v's columns: bound 0
+        cache_tol = torch.zeros_like(exact_k)
+        cache_tol[:, :, at] = rope_tol[:, heads * d : (heads + kv_heads) * d].view(n, kv_heads, d)
+        assert_within(got_k, exact_k, cache_tol, f"{name} key cache")  # the new key and nothing else written
     assert torch.equal(v, want_v)
+    assert out_tol.max() < 1e-3 * exact.abs().max()  # the bound stays far below any real fault (a wrong mask, head)
 
 
 @needs_cc
@@ -74,10 +123,10 @@ def test_masked_keys_get_no_weight_even_when_their_scores_are_huge():
     keep = torch.ones(n, t, dtype=torch.bool)
     keep[:, :2] = False
     out = torch.empty(n, heads * d)
+    (exact, _, _), (out_tol, _) = float64_truth_and_bounds(qkv, rot, k, v, at, keep, heads, d**-0.5)
     native.decode_attention(qkv, rot, k, v, at, keep, out, heads, d**-0.5)
     assert out.abs().max() < 10  # a visible key's value, never the 1e6 of a masked one
-    torch.testing.assert_close(out, reference(qkv.clone(), rot, k.clone(), v.clone(), at, keep, heads, d**-0.5),
-                               rtol=0, atol=2e-6)
+    assert_within(out, exact, out_tol, "kernel attention output")
 
 
 @needs_cc
