@@ -16,7 +16,7 @@ VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo test test-all lint bench smollm2 verifiers-venv vllm-venv test-vllm
+.PHONY: setup demo test test-all test-isa lint bench smollm2 verifiers-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -61,6 +61,20 @@ test: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+
+# The kernel and decoder parity tests a second time with PyTorch's vector paths narrowed, so that one CPU runs
+# two summation orders: ATEN_CPU_CAPABILITY=default takes ATen's matmul, softmax, exp and reduction kernels off
+# AVX2/AVX-512 (on an AVX2-only CPU it is the one of the three that changes results); MKL and oneDNN capped at
+# AVX2 do the same on AVX-512 and AMX CPUs. A tolerance fitted to one CPU's rounding fails here.
+# `python benchmarks/isa_bits.py` shows which settings change which ops on a machine. ~45 s.
+ISA_ENV := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+ISA_TESTS := tests/rollout tests/models/test_llama_forward.py tests/models/test_gguf.py \
+	tests/models/test_token_logprobs.py tests/train/test_ppo_keeps_fast_path.py tests/train/test_lora.py \
+	tests/train/test_micro_batch.py tests/train/test_episodes.py tests/serve/test_openai_api.py
+test-isa: $(TEST_STAMP)
+	$(ISA_ENV) $(PY) -c "import torch; c = torch.backends.cpu.get_cpu_capability(); print('ATen CPU capability:', c); \
+		assert c == 'DEFAULT', 'ATEN_CPU_CAPABILITY=default was not applied'"
+	$(ISA_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ISA_TESTS)
 
 test-all: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"
