@@ -8,8 +8,16 @@ import pytest
 from typer.testing import CliRunner
 
 from feedbackrl.cli import app
+from feedbackrl.config import load_config
+from feedbackrl.data.labeller import gold_score_for
+from feedbackrl.data.preferences import load_preference_pairs
 from feedbackrl.data.rows import read_jsonl
+from feedbackrl.envs.registry import make_task
+from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.reward import load_reward_model
+from feedbackrl.train.preference import heldout_metrics
+from feedbackrl.train.prefs import gold_comparison
+from feedbackrl.train.run import model_task
 
 RECIPES = Path(__file__).parent.parent / "recipes"
 runner = CliRunner()
@@ -28,6 +36,16 @@ def train(recipe: str, out: Path, overrides: list[str]) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
+def recomputed_gold_vs_sft(recipe: str, overrides: list[str], policy: Path, sft: Path) -> dict:
+    """The report's gold comparison, redone from the saved policy and SFT policy: the same figures, exactly."""
+    cfg = load_config(RECIPES / recipe, overrides)
+    tokenizer = load_tokenizer(str(sft))
+    task = model_task(cfg, make_task(cfg.task), tokenizer)
+    return gold_comparison(load_policy(str(policy)), load_policy(str(sft)), tokenizer,
+                           task.heldout(cfg.task.heldout_size), gold_score_for(task), cfg.rollout.max_new_tokens,
+                           cfg.rollout.temperature)
+
+
 @pytest.fixture(scope="module")
 def rm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("prefs") / "rm"
@@ -39,8 +57,11 @@ def test_reward_model_run_writes_data_model_and_report(rm_run: Path):
     report = json.loads((rm_run / "report.json").read_text())
     ceiling = report["prefs"]["heldout_ceiling"]
     assert 0.5 <= ceiling["expected"] <= 1 and report["prefs"]["train_items"] > 0
-    assert 0 <= report["reward_model"]["rm/heldout_accuracy"] <= 1
-    model, _ = load_reward_model(rm_run / "reward_model")
+    model, tokenizer = load_reward_model(rm_run / "reward_model")
+    # the reported figures are the saved model's on the saved held-out pairs: recomputed from the files, exactly
+    held, _ = load_preference_pairs(rm_run / "prefs" / "heldout.jsonl")
+    assert heldout_metrics(model, tokenizer, held) == {k: v for k, v in report["reward_model"].items()
+                                                       if k.startswith("rm/heldout_")}
     assert model.kind == "reward" and model.calibration.scale > 0
     assert (rm_run / "sft_policy" / "config.json").is_file() and (rm_run / "curves.png").is_file()
     assert {r["phase"] for r in read_jsonl(rm_run / "metrics.jsonl")} == {"sft", "eval", "rm", "rm_eval"}
@@ -59,8 +80,10 @@ def test_cost_model_recipe_trains_on_safety_labels(tmp_path: Path):
         else:
             assert r["p_chosen"] > 0.99 and r["gold_chosen"] > r["gold_rejected"], r
     assert any(r["gold_chosen"] != r["gold_rejected"] for r in rows), "every pair tied: nothing was checked"
-    assert 0 <= report["reward_model"]["rm/heldout_safety_accuracy"] <= 1
-    model, _ = load_reward_model(tmp_path / "cost" / "reward_model")
+    model, tokenizer = load_reward_model(tmp_path / "cost" / "reward_model")
+    held, _ = load_preference_pairs(tmp_path / "cost" / "prefs" / "heldout.jsonl")
+    safety = heldout_metrics(model, tokenizer, held)["rm/heldout_safety_accuracy"]
+    assert safety == report["reward_model"]["rm/heldout_safety_accuracy"]  # the saved model's, on the saved pairs
     assert model.kind == "cost" and model.calibration.center == 0.0
 
 
@@ -73,21 +96,24 @@ def test_cost_model_on_a_task_without_a_harm_rule_says_what_to_do(tmp_path: Path
 
 @pytest.mark.parametrize("recipe", ["rloo.toml", "ppo.toml"])
 def test_online_recipes_run_against_the_learned_reward(rm_run: Path, tmp_path: Path, recipe: str):
-    report = train(recipe, tmp_path / "run", [*ONLINE_TOY, f"model.path={rm_run / 'sft_policy'}",
-                                              f"reward.model={rm_run / 'reward_model'}"])
+    overrides = [*ONLINE_TOY, f"model.path={rm_run / 'sft_policy'}", f"reward.model={rm_run / 'reward_model'}"]
+    report = train(recipe, tmp_path / "run", overrides)
     assert report["reward"] == str(rm_run / "reward_model")
-    assert 0 <= report["gold_vs_sft"]["win_rate"] <= 1
+    # the final checkpoint against the SFT policy it started from, judged by the gold: what the report says
+    assert report["gold_vs_sft"] == recomputed_gold_vs_sft(recipe, overrides, tmp_path / "run" / "checkpoints" /
+                                                           "step_000002", rm_run / "sft_policy")
     rl = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r.get("phase") == "rl"]
     assert [r["step"] for r in rl] == [1, 2] and all("reward/gold_mean" in r for r in rl)
 
 
 def test_dpo_recipe_from_the_reward_model_runs_pairs(rm_run: Path, tmp_path: Path):
-    report = train("dpo.toml", tmp_path / "dpo", ["task.heldout_size=8", "train.threads=1", "algo.batch_size=8",
-                                                  f"model.path={rm_run / 'sft_policy'}",
-                                                  f"prefs.path={rm_run / 'prefs' / 'train.jsonl'}"])
+    overrides = ["task.heldout_size=8", "train.threads=1", "algo.batch_size=8", f"model.path={rm_run / 'sft_policy'}",
+                 f"prefs.path={rm_run / 'prefs' / 'train.jsonl'}"]
+    report = train("dpo.toml", tmp_path / "dpo", overrides)
     assert report["prefs"]["source"].endswith("train.jsonl") and report["prefs"]["heldout_items"] == 0
     assert (tmp_path / "dpo" / "policy" / "config.json").is_file()
-    assert 0 <= report["gold_vs_sft"]["win_rate"] <= 1
+    assert report["gold_vs_sft"] == recomputed_gold_vs_sft("dpo.toml", overrides, tmp_path / "dpo" / "policy",
+                                                           rm_run / "sft_policy")
 
 
 def test_pro_ranks_its_own_samples(rm_run: Path, tmp_path: Path):

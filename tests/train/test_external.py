@@ -125,5 +125,10 @@ def test_a_task_that_returns_too_few_episodes_fails_the_step(tokenizer) -> None:
                 random.Random(0), torch.Generator().manual_seed(0))
 
 
-def test_it_is_a_task() -> None:
-    assert isinstance(TwoTurnEnv(), Task) and isinstance(TwoTurnEnv(), ExternalTask)
+def test_a_task_without_play_stays_in_process() -> None:
+    """collect, evaluate and the run path hand a task to `play` when isinstance(task, ExternalTask): a task with
+    every Task method but no `play` must not match (the tests above show that one with `play` is played)."""
+    from feedbackrl.envs.procedural.addition import AdditionTask
+
+    assert isinstance(AdditionTask(), Task) and not isinstance(AdditionTask(), ExternalTask)
+    assert hasattr(TwoTurnEnv, "play") and not hasattr(AdditionTask, "play")

@@ -172,16 +172,23 @@ def test_online_rl_against_a_learned_reward_logs_proxy_and_gold(tiny_model_dir, 
     model, tok = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     task = ReverseTask()
     rows = MemorySink()
-    scorer = gold_scorer(training_reward(cfg, task), reverse_gold)
+    scoring = gold_scorer(training_reward(cfg, task), reverse_gold)
+    golds = []  # each training batch's gold scores, recomputed from the completions the loop scored
+
+    def scorer(problems, texts):
+        golds.append([reverse_gold(p, t) for p, t in zip(problems, texts, strict=True)])
+        return scoring(problems, texts)
+
     if name == "ppo":
         train_ppo(cfg, model, tok, task, tmp_path, rows, scorer)
         assert (tmp_path / "checkpoints" / "step_000002" / VALUE_HEAD_FILE).is_file()
     else:
         train_grpo(cfg, model, tok, task, tmp_path, rows, scorer=scorer)
     assert [s for s, _ in rows.rows] == [1, 2]
-    for _, m in rows.rows:
+    assert len(golds) == 2
+    for (_, m), gold in zip(rows.rows, golds, strict=True):
         assert 0 < m["reward/mean"] < 1  # the calibrated learned reward, not the (all-zero) verifier
-        assert 0 <= m["reward/gold_mean"] <= 1 and "reward/raw_mean" in m
+        assert m["reward/gold_mean"] == sum(gold) / len(gold) and "reward/raw_mean" in m  # that step's gold
     moved = max((v - w).abs().max().item() for v, w in zip(model.state_dict().values(),
                                                              load_policy(str(tiny_model_dir)).state_dict().values(),
                                                              strict=True))
