@@ -1,4 +1,6 @@
-"""A run stopped at a checkpoint and resumed must end bit-for-bit where the uninterrupted run ends."""
+"""A run stopped at a checkpoint and resumed must end bit-for-bit where the uninterrupted run ends.
+
+GRPO here, and RLOO (the same loop with leave-one-out advantages); PPO in test_resume_learned_reward.py."""
 
 import copy
 import random
@@ -56,19 +58,19 @@ class ShapedAddition(AdditionTask):
         self.batches = state["batches"]
 
 
-def config(steps: int) -> RunConfig:
+def config(steps: int, algo: str = "grpo") -> RunConfig:
     # two epochs x two minibatches: old log-probs and minibatch shuffling are in play;
     # kl_coef > 0: the frozen reference is too.
     return build_config({
         "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": COMPLETION_LEN},
-        "algo": {"steps": steps, "epochs": 2, "minibatches": 2, "kl_coef": 0.1, "lr": 1e-2},
+        "algo": {"name": algo, "steps": steps, "epochs": 2, "minibatches": 2, "kl_coef": 0.1, "lr": 1e-2},
         "train": {"seed": 3, "checkpoint_every": 2},
     })
 
 
-def train(model_dir: Path, out: Path, steps: int, sink, resume_from: Path | None = None):
+def train(model_dir: Path, out: Path, steps: int, sink, resume_from: Path | None = None, algo: str = "grpo"):
     model, tokenizer = load_policy(str(model_dir)), load_tokenizer(str(model_dir))
-    train_grpo(config(steps), model, tokenizer, ShapedAddition(), out, sink, resume_from=resume_from)
+    train_grpo(config(steps, algo), model, tokenizer, ShapedAddition(), out, sink, resume_from=resume_from)
     return model
 
 
@@ -110,6 +112,31 @@ def test_resume_is_bit_exact(full_run, half_run: Path, tmp_path: Path, into: str
     for step in (3, 4):
         for key in ("reward/mean", "loss/policy", "kl/mean", "clip_frac"):
             assert rows.by_step[step][key] == full_rows[step][key], (step, key)
+
+
+def test_rloo_resume_is_bit_exact(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """RLOO: 4 steps in one go, and 2 steps then a resume from the step-2 checkpoint, end identical."""
+    from feedbackrl.train import grpo
+
+    calls = []
+    real = grpo.ADVANTAGES["rloo"]
+    monkeypatch.setitem(grpo.ADVANTAGES, "rloo", lambda *a, **k: calls.append(1) or real(*a, **k))
+    full_rows, half_rows, rows = MemorySink(), MemorySink(), MemorySink()
+    want = train(tiny_model_dir, tmp_path / "full", 4, full_rows, algo="rloo").state_dict()
+    train(tiny_model_dir, tmp_path / "half", 2, half_rows, algo="rloo")
+    ckpt = resolve_resume(tmp_path / "half")
+    assert ckpt.name == "step_000002" and read_config_json(ckpt)["algo"]["name"] == "rloo"
+    torch.manual_seed(12345)  # a fresh process would start from other global RNG state
+    model = train(ckpt, tmp_path / "half", 4, rows, resume_from=ckpt, algo="rloo")
+    assert len(calls) == 4 + 2 + 2  # every step took the leave-one-out advantages
+    base = load_policy(str(tiny_model_dir)).state_dict()
+    assert max((want[k] - base[k]).abs().max().item() for k in base) > 1e-3  # the policy moved
+    assert_same_parameters(model.state_dict(), want)
+    assert sorted(rows.by_step) == [3, 4]
+    for step in (3, 4):
+        for key in ("reward/mean", "loss/policy", "kl/mean", "clip_frac"):
+            assert rows.by_step[step][key] == full_rows.by_step[step][key], (step, key)
+    assert any(full_rows.by_step[s]["clip_frac"] > 0 for s in full_rows.by_step)
 
 
 def test_the_resumed_run_exercises_every_path(full_run, tiny_model_dir: Path):
