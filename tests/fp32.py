@@ -75,3 +75,24 @@ def decoder_logprob_tolerance(model64: torch.nn.Module, ids: torch.Tensor, mask:
             mag = mag + head.bias.abs()
         real = mask.bool()
     return 2 * probabilistic_gamma(reduction_length(model64.config, ids.shape[1])) * mag[real].max().item()
+
+
+def assert_logprobs_within_fp32(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                                completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                                sides: dict[str, torch.Tensor], temperature: float = 1.0) -> None:
+    """Each float32 log-prob tensor in `sides` within `decoder_logprob_tolerance` of a float64 copy of `model`
+    scoring the same tokens (exactly 0 on padding). Logits are divided by the temperature, and so are their
+    errors: the bound is divided by it too."""
+    import copy
+
+    from feedbackrl.models.logprobs import sequence_logprobs
+
+    model64 = copy.deepcopy(model).double()
+    with torch.no_grad():
+        truth, _ = sequence_logprobs(model64, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                     temperature=temperature)
+    tol = decoder_logprob_tolerance(model64, torch.cat([prompt_ids, completion_ids], 1),
+                                    torch.cat([prompt_mask, completion_mask], 1)) / temperature
+    assert 0 < tol < 1e-2, tol  # far below the log-prob gaps a wrong position or temperature makes (order 1)
+    for name, got in sides.items():
+        assert_within(got, truth, tol * completion_mask, name)

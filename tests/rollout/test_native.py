@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from fp32 import U, assert_within, gamma
+from fp32 import U, assert_logprobs_within_fp32, assert_within, gamma
 
 from feedbackrl.rollout import generate as gen_mod
 from feedbackrl.rollout import native
@@ -210,7 +210,9 @@ def test_generate_with_and_without_the_kernel_agree(model_name, tokenizer, reque
     monkeypatch.setattr(native, "available", lambda: False)
     without = generate(model, tokenizer, prompts, 12, temperature=0.9, generator=torch.Generator().manual_seed(5))
     assert torch.equal(with_kernel.completion_ids, without.completion_ids)
-    torch.testing.assert_close(with_kernel.logprobs, without.logprobs, rtol=0, atol=1e-4)  # as fast vs generic
+    assert_logprobs_within_fp32(model, with_kernel.prompt_ids, with_kernel.prompt_mask, with_kernel.completion_ids,
+                                with_kernel.completion_mask, {"kernel": with_kernel.logprobs,
+                                                              "pytorch": without.logprobs}, temperature=0.9)
 
 
 @pytest.fixture
