@@ -22,8 +22,7 @@ from feedbackrl.rewards import sandbox
 from feedbackrl.rewards.code import CodeVerifier
 from feedbackrl.rewards.verdict import Problem, Verdict
 
-pytestmark = pytest.mark.skipif(not all(sandbox.probe().values()),
-                                reason=f"sandbox isolation unavailable: {sandbox.probe()}")
+pytestmark = pytest.mark.sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 ADD_TESTS = {"asserts": ["assert add(1, 2) == 3", "assert add(2, 2) == 4",
@@ -137,12 +136,10 @@ def patient_verifier() -> CodeVerifier:
     pytest.param("import threading\nthreads = [threading.Thread(target=lambda: bytearray(10**9))"
                  " for _ in range(8)]\n[t.start() for t in threads]\n[t.join() for t in threads]\n"
                  "raise MemoryError", id="allocating-threads"),
-    pytest.param(MEMFD_BOMB, id="memfd"),
-    pytest.param(SHM_BOMB, id="sysv-shm"),
+    pytest.param(MEMFD_BOMB, id="memfd", marks=pytest.mark.sandbox("cgroup")),
+    pytest.param(SHM_BOMB, id="sysv-shm", marks=pytest.mark.sandbox("cgroup")),
 ])
 def test_memory_bombs_hit_the_limit(patient_verifier: CodeVerifier, program: str) -> None:
-    if program in (MEMFD_BOMB, SHM_BOMB) and not sandbox.cgroup_available():
-        pytest.skip("no memory cgroup here: in-memory files and shared memory are not counted")
     verdict = run_io(patient_verifier, program)
     assert (reason(verdict), verdict.score) == ("memory", 0.0), verdict.details
 
@@ -283,9 +280,8 @@ def test_unix_sockets_at_host_paths_are_unreachable(verifier: CodeVerifier) -> N
     assert verdict.score == 1.0, verdict.details
 
 
+@pytest.mark.sandbox("seccomp")
 def test_seccomp_refuses_kernel_surface_a_program_has_no_use_for(verifier: CodeVerifier) -> None:
-    if sandbox.sandbox_seccomp.bpf()[0] is None:
-        pytest.skip(f"no seccomp filter here: {sandbox.sandbox_seccomp.bpf()[1]}")
     # Without the filter: io_uring_setup(1, NULL) -> EFAULT (14), add_key(...) -> EINVAL (22), and a
     # user namespace (unshare(CLONE_NEWUSER)) succeeds (0). With it, each is EPERM (1).
     program = dedent("""\
@@ -537,6 +533,77 @@ def test_stdlib_monkeypatching_does_not_reach_the_checks(verifier: CodeVerifier,
     assert verifier(Problem("", tests), right).score == 1.0
 
 
+AREA_TESTS = {"asserts": [
+    "assert math.isclose(area(2), 12.566370614359172)",  # `math`: the program's import, not the test's
+    "assert area(2) == 4 * math.pi",
+    "import math\nassert math.isclose(area(2), 12.566370614359172)",
+    "from math import pi\nassert area(2) == 4 * pi",
+    "assert abs(area(2) - 12.566370614359172) < 1e-6",  # HumanEval's shape
+    "assert round(area(1), 2) == 3.14 and len([area(1)]) == 1 and sorted([area(2), area(1)])[0] < 4",
+    "assert operator.eq(area(1), math.pi) and functools.reduce(operator.add, [area(1)]) > 3",
+    "assert collections.Counter([area(1)])[math.pi] == 1 and sys.modules['math'].pi == math.pi",
+]}
+AREA = "\ndef area(r):\n    return {}\n"  # the program's area(), a wrong or the right body
+PATCH_MODULES = "import math, operator, functools, collections, sys, types\n"
+
+
+@pytest.mark.parametrize("patch", [
+    pytest.param("math.isclose = lambda *a, **k: True\nmath.pi = 0.0\n", id="patch-math-isclose-and-pi"),
+    pytest.param("class math:\n    pi = 0.0\n    isclose = staticmethod(lambda *a, **k: True)\n",
+                 id="class-named-math"),
+    pytest.param("fake = types.ModuleType('math')\nfake.isclose = lambda *a, **k: True\nfake.pi = 0.0\n"
+                 "sys.modules['math'] = math = fake\n", id="fake-math-in-sys-modules"),
+    pytest.param("import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.round = lambda *a: 3.14\n"
+                 "builtins.len = lambda x: 1\nbuiltins.sorted = lambda x: [0]\n"
+                 "abs, round, len, sorted = builtins.abs, builtins.round, builtins.len, builtins.sorted\n",
+                 id="patch-builtins-abs-round-len-sorted"),
+    pytest.param("operator.eq = lambda a, b: True\noperator.add = lambda a, b: 99\n"
+                 "functools.reduce = lambda f, xs: 99\ncollections.Counter = lambda xs: {math.pi: 1}\n",
+                 id="patch-operator-functools-collections"),
+    pytest.param("class Mods(dict):\n    def __getitem__(self, k):\n        return types.SimpleNamespace(pi=0.0)\n"
+                 "sys.modules = Mods(sys.modules)\nsys = types.SimpleNamespace(modules={'math': "
+                 "types.SimpleNamespace(pi=0.0)})\n", id="fake-sys-modules"),
+])
+def test_patched_modules_decide_no_check_when_the_test_names_the_program_s_module(
+        verifier: CodeVerifier, patch: str) -> None:
+    # Each test names stdlib modules the program imported (`math`, `operator`, ...) or imports
+    # them itself; the judge evaluates all of it with its own modules, whatever the program did.
+    wrong = PATCH_MODULES + patch + AREA.format("1.0")
+    verdict = verifier(Problem("", AREA_TESTS), wrong)
+    assert [t["reason"] for t in verdict.details["tests"]] == ["wrong_output"] * 8, verdict.details
+    assert all(t["decided"] == "judge" for t in verdict.details["tests"])
+    right = PATCH_MODULES + patch + AREA.format("3.141592653589793 * r * r")
+    verdict = verifier(Problem("", AREA_TESTS), right)
+    assert verdict.score == 1.0, verdict.details
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param("class F(float):\n    __sub__ = __rsub__ = lambda s, o: 0.0\n    __abs__ = lambda s: 0.0\n"
+                 "    __round__ = lambda s, n=None: 3.14\nresult = F(1.0)", id="float-subclass-arithmetic"),
+    pytest.param("class I(int):\n    __sub__ = __rsub__ = lambda s, o: 0\n    __abs__ = lambda s: 0\n"
+                 "    __lt__ = __gt__ = lambda s, o: True\nresult = I(1)", id="int-subclass-ordering"),
+    pytest.param("class S(str):\n    __contains__ = lambda s, o: True\n    lower = lambda s: 'pi'\n"
+                 "    __len__ = lambda s: 2\nresult = S('no')", id="str-subclass-methods"),
+    pytest.param("class L(list):\n    __len__ = lambda s: 1\n    __getitem__ = lambda s, i: 3.14\n"
+                 "    __contains__ = lambda s, o: True\nresult = L([9, 9])", id="list-subclass-methods"),
+    pytest.param("class N:\n    __float__ = lambda s: 3.14159\n    __sub__ = __rsub__ = lambda s, o: 0.0\n"
+                 "    __abs__ = lambda s: 0.0\n    __lt__ = __eq__ = lambda s, o: True\n    __hash__ = None\n"
+                 "result = N()", id="object-with-numeric-dunders"),
+])
+def test_returned_objects_are_compared_as_plain_data_only(verifier: CodeVerifier, value: str) -> None:
+    # `area` returns an object whose type rewrites arithmetic, ordering, containment or length:
+    # the judge sees the plain value (a subclass of a builtin becomes that builtin) or a handle
+    # that refuses to be compared, never the object's methods.
+    tests = {"asserts": ["assert abs(area(2) - 3.14159) < 1e-6", "assert round(area(2), 2) == 3.14",
+                         "import math\nassert math.isclose(area(2), 3.14159)", "assert area(2) < 0",
+                         "assert 'pi' in area(2) or area(2).lower() == 'pi'",
+                         "assert len(area(2)) == 1 and area(2)[0] == 3.14"]}
+    program = value + "\ndef area(r):\n    return result\n"
+    verdict = verifier(Problem("", tests), program)
+    assert verdict.score == 0.0, verdict.details
+    assert {t["decided"] for t in verdict.details["tests"]} == {"judge"}
+
+
 def test_test_literals_are_nowhere_in_the_program_s_reach(patient_verifier: CodeVerifier) -> None:
     # The program looks for the expected value everywhere it can read: the frames above its
     # call, every object on its heap, its own memory, the judge's memory and command line. (The
@@ -617,15 +684,15 @@ def test_forged_reports_decide_nothing(verifier: CodeVerifier, program: str) -> 
     assert all(t["decided"] == "judge" for t in verdict.details["tests"] if "decided" in t)
 
 
-def test_undecidable_tests_are_marked_and_can_be_forbidden(verifier: CodeVerifier) -> None:
+def test_undecidable_tests_fail_unless_allowed_inside_the_sandbox(verifier: CodeVerifier) -> None:
     # A test that hands the program a function: the judge cannot call into it with plain data.
     tests = {"asserts": ["assert apply(lambda x: x + 1, 2) == 3", "assert apply(abs, -2) == 2"]}
     program = "def apply(f, x):\n    return f(x)\n"
     verdict = verifier(Problem("", tests), program)
-    assert verdict.score == 1.0, verdict.details
-    assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
-    strict = CodeVerifier(timeout_s=1.0, memory_mb=256, sandbox_checks=False)
-    verdict = strict(Problem("", tests), program)
     assert verdict.score == 0.0
     assert [t["reason"] for t in verdict.details["tests"]] == ["undecidable"] * 2
     assert "not plain data" in verdict.details["tests"][0]["detail"]
+    lenient = CodeVerifier(timeout_s=1.0, memory_mb=256, sandbox_checks=True)
+    verdict = lenient(Problem("", tests), program)
+    assert verdict.score == 1.0, verdict.details
+    assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]

@@ -37,21 +37,25 @@ Mechanisms, each closing a hole:
   its own builtins and standard library: the program's functions are proxies whose calls the
   runner answers with plain data (exact builtin types, encoded by C-level methods) or an opaque
   handle that refuses to be compared or tested for truth. So an object whose `__eq__` always says
-  True, a patched `math.isclose` or a fake module in `sys.modules` changes nothing the judge
-  sees, and a reply forged through frames, `gc` or `sys.settrace` is only a value the program
-  could have returned. The runner is a fresh interpreter (execve), so the tests' literals are in
-  none of its memory; it cannot read the judge's (another uid).
+  True, a patched `math.isclose` or `math.pi` (whether the test imports `math` or names the
+  program's) or a fake module in `sys.modules` changes nothing the judge sees, and a reply
+  forged through frames, `gc` or `sys.settrace` is only a value the program could have returned.
+  The runner is a fresh interpreter (execve), so the tests' literals are in none of its memory;
+  it cannot read the judge's (another uid).
 
 Residual risks, accepted: a test that passes the program something other than plain data (a
-function, say) cannot be decided by the judge; it runs inside the sandbox, in the program's
-namespace, its entry says `"decided": "sandbox"`, and a program that digs into the harness can
-fake it (`sandbox_checks=False` fails such tests instead). Test code sees the real builtins even
-where the program defines a function of the same name, so a task may not ask for a function named
-like a builtin. Files that everyone may read stay readable (read-only, not invisible). Kernel
-exploits and timing side channels are out of scope. Without root and the namespaces
-`require_isolation` raises `SandboxUnavailable`; with `isolate=False` programs run with rlimits, a
-session and (as root) a separate uid only: no network, filesystem, PID or IPC isolation and no
-cgroup, and the runner is forked without a fresh interpreter.
+function, say) cannot be decided by the judge, and fails as "undecidable"; with
+`sandbox_checks=True` it runs inside the sandbox instead, in the program's namespace (its modules
+patched as the program left them), its entry says `"decided": "sandbox"`, and a program that digs
+into the harness can fake it. Test code sees the judge's own builtins and standard-library modules
+even where the program defines a name of the same spelling (`math`, `abs`), so a task may not ask
+for a function named like a builtin or a standard-library module; any other name the test uses
+without defining it is the program's, and what it gives back is the program's word. Files that
+everyone may read stay readable (read-only, not invisible). Kernel exploits and timing side
+channels are out of scope. Without root and the namespaces `require_isolation` raises
+`SandboxUnavailable`; with `isolate=False` programs run with rlimits, a session and (as root) a
+separate uid only: no network, filesystem, PID or IPC isolation and no cgroup, and the runner is
+forked without a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -148,12 +152,12 @@ def require_isolation() -> None:
 
 
 def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] | None = None,
-                limits: Limits = Limits(), isolate: bool = True, sandbox_checks: bool = True) -> dict:
+                limits: Limits = Limits(), isolate: bool = True, sandbox_checks: bool = False) -> dict:
     """Run `code` once per stdin string in `inputs` (io style), or decide `tests` against it.
 
     Each of `tests` is Python source the judge runs itself, calling into the program (see
-    `sandbox_checks`); `sandbox_checks=False` fails a test the judge cannot decide ("undecidable")
-    instead of running it inside the sandbox. Returns {"tests": [{"outcome", "stderr", "stdout"
+    `sandbox_checks`); a test the judge cannot decide fails ("undecidable"), unless
+    `sandbox_checks=True`, which runs it inside the sandbox instead. Returns {"tests": [{"outcome", "stderr", "stdout"
     (io), "detail" and "decided" (tests)}, ...], "attempts": n, "leaked": n} or {"error": text}.
     """
     n_tests = len(inputs if inputs is not None else tests or [])
