@@ -144,6 +144,40 @@ def test_memory_bombs_hit_the_limit(patient_verifier: CodeVerifier, program: str
     assert (reason(verdict), verdict.score) == ("memory", 0.0), verdict.details
 
 
+MAPPED_33_TIMES = dedent("""\
+    import mmap, os
+    size = 60 << 20  # one 60 MiB file in the working directory (its tmpfs holds 64 MiB)
+    with open('data', 'wb') as f:
+        f.truncate(size)
+    fd = os.open('data', os.O_RDWR)
+    maps = [mmap.mmap(fd, size, flags=mmap.MAP_{kind}) for _ in range(33)]  # 1,980 MiB of mappings
+    for m in maps:
+        for offset in range(0, size, 4096):
+            m[offset] = 1  # every page of every mapping touched
+    print(sum(m[size - 1] == 0 for m in maps))
+    """)
+
+
+@pytest.fixture(scope="module")
+def verifier_512() -> CodeVerifier:
+    return CodeVerifier(timeout_s=60.0, memory_mb=512, max_output_bytes=100_000)
+
+
+@pytest.mark.sandbox("cgroup")
+def test_one_file_mapped_33_times_is_charged_once(verifier_512: CodeVerifier) -> None:
+    # 33 shared mappings of one 60 MiB file, every page written: the job holds 1,980 MiB of
+    # mappings against a 512 MiB limit, but the pages are the file's, charged to the job once.
+    verdict = run_io(verifier_512, MAPPED_33_TIMES.replace("{kind}", "SHARED"), expected="33\n")
+    assert (reason(verdict), verdict.score) == ("ok", 1.0), verdict.details
+
+
+def test_private_copies_of_a_mapped_file_hit_the_limit(verifier_512: CodeVerifier) -> None:
+    # The same 33 mappings, private: each written page is the job's own copy (1,980 MiB in all),
+    # so the memory limit (the cgroup's, or the address-space limit without one) stops it.
+    verdict = run_io(verifier_512, MAPPED_33_TIMES.replace("{kind}", "PRIVATE"), expected="33\n")
+    assert (reason(verdict), verdict.score) == ("memory", 0.0), verdict.details
+
+
 def test_ipc_objects_do_not_outlive_a_test(verifier: CodeVerifier) -> None:
     # Two io tests, two runners: the first leaves a SysV message queue and shared memory segment
     # under a fixed key; in the second they are gone (each run has its own IPC namespace).

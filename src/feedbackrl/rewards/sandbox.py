@@ -26,7 +26,8 @@ Mechanisms, each closing a hole:
   PR_SET_NO_NEW_PRIVS: it cannot signal, ptrace or read the judge or any host process, and
   RLIMIT_NPROC (which root ignores) caps fork bombs per job. The environment is empty.
 - Memory and processes. A cgroup per job (`sandbox_cgroup.py`) caps memory, counting what the
-  address-space limit misses (memfd, SysV shm, tmpfs pages), and processes; where no cgroup can
+  address-space limit misses (memfd, SysV shm, tmpfs pages: a file mapped 33 times is charged
+  once, each private copy of a page again), and processes; where no cgroup can
   be made, a warning says why and rlimits alone apply. rlimits also cap CPU time, address space,
   file size, open files (64) and core dumps.
 - Time and output. The judge gives each test `timeout_s` of wall clock and caps output, reading
