@@ -58,8 +58,10 @@ def host_unchanged() -> Iterator[None]:
 
 
 def job_cgroups() -> list[str]:
-    """cgroups the sandbox made for jobs and left behind (it removes each after its job)."""
-    return [str(p) for p in Path("/sys/fs/cgroup").rglob("feedbackrl-*") if p.is_dir()]
+    """cgroups the sandbox made for jobs and left behind (it removes each after its job), apart from
+    those of the judges started ahead for the next jobs."""
+    spares = set(sandbox.spare_cgroups())
+    return [str(p) for p in Path("/sys/fs/cgroup").rglob("feedbackrl-*") if p.is_dir() and str(p) not in spares]
 
 
 @pytest.fixture(scope="module")
@@ -730,3 +732,47 @@ def test_undecidable_tests_fail_unless_allowed_inside_the_sandbox(verifier: Code
     verdict = lenient(Problem("", tests), program)
     assert verdict.score == 1.0, verdict.details
     assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
+
+
+# ------------------------------------------------------------------ judges started ahead of their job
+
+
+def judge_pids() -> set[int]:
+    """Host pids of `unshare` processes (each spare judge sits under one)."""
+    found = set()
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")[0].endswith(b"unshare"):
+                found.add(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def test_each_job_gets_a_judge_of_its_own_started_ahead(verifier: CodeVerifier) -> None:
+    sandbox.stop_spares()
+    assert sandbox.spare_cgroups() == []
+    assert run_io(verifier, "print(1)", expected="1\n").score == 1.0  # started its judge on the spot
+    spare = sandbox.spare_cgroups()  # the next job's judge, started while that job ran
+    assert len(spare) in (1, 2)  # cgroup v2: one directory, v1: memory and pids
+    # The next job runs in the spare's cgroup (its runner was moved in before it ran anything).
+    program = ("print(sorted({line.rsplit('/', 1)[1] for line in open('/proc/self/cgroup').read().split()\n"
+               "             if line.rsplit('/', 1)[1].startswith('feedbackrl-')}))")
+    verdict = run_io(verifier, program, expected="none")
+    names = sorted({os.path.basename(d) for d in spare})
+    assert verdict.details["tests"][0]["stdout"].strip() == repr(names), verdict.details
+    assert not any(os.path.exists(d) for d in spare), "the spare's cgroup went with the job it served"
+    assert sandbox.spare_cgroups() != spare and len(sandbox.spare_cgroups()) == len(spare)
+
+
+def test_a_spare_judge_that_died_is_replaced(verifier: CodeVerifier) -> None:
+    run_io(verifier, "print(1)", expected="1\n")
+    before = judge_pids()
+    (spare,) = sandbox._Judge._spares[verifier.limits.memory_mb]
+    os.killpg(spare.proc.pid, 9)
+    spare.proc.wait()
+    verdict = run_io(verifier, "print(2)", expected="2\n")
+    assert verdict.score == 1.0, verdict.details
+    assert spare.cgroup is None  # removed with the dead judge
+    sandbox.stop_spares()
+    assert sandbox.spare_cgroups() == [] and not judge_pids() - before

@@ -5,9 +5,15 @@ This is the host half, called from the trainer. One job (one program, one proble
     host --spawn--> unshare --net --pid --mount --ipc --uts --fork --kill-child
                       └─ judge (sandbox_judge.py): PID 1 of a fresh PID namespace, root, our code only;
                          runs assert tests itself (sandbox_checks.py), calling into the runner
-                           └─ runner, per attempt: fork, lock down (job uid, cgroup, rlimits, own IPC
-                              namespace), then execve a fresh interpreter that runs the program and
-                              answers the judge's calls with plain data (sandbox_harness.py)
+                           └─ runner, per attempt: fork, lock down (job uid, rlimits, own IPC
+                              namespace), execve a fresh interpreter, which the judge moves into the
+                              job's cgroup before it sends the job; it runs the program and answers
+                              the judge's calls with plain data (sandbox_harness.py)
+
+Each judge serves one job. It is started before its job comes (`_Judge`: interpreter, imports,
+the job's cgroup, the new root; none of it depends on the job beyond the memory limit), so a job
+waits only for its runners: one spare per memory limit and concurrent caller boots while a job
+runs, and `stop_spares` (also at exit) ends the spares.
 
 Threat model. The program is arbitrary Python written by a policy under optimisation: buggy, or
 actively looking for reward. It may burn CPU, memory, disk, processes or output; write or read
@@ -61,6 +67,7 @@ forked without a fresh interpreter.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import marshal
@@ -71,8 +78,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from functools import cache
+from typing import ClassVar
 
 from feedbackrl.rewards import sandbox_cgroup, sandbox_seccomp
 
@@ -158,40 +167,126 @@ def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] 
 
     Each of `tests` is Python source the judge runs itself, calling into the program (see
     `sandbox_checks`); a test the judge cannot decide fails ("undecidable"), unless
-    `sandbox_checks=True`, which runs it inside the sandbox instead. Returns {"tests": [{"outcome", "stderr", "stdout"
-    (io), "detail" and "decided" (tests)}, ...], "attempts": n, "leaked": n} or {"error": text}.
+    `sandbox_checks=True`, which runs it inside the sandbox instead. Returns {"tests": [{"outcome",
+    "stderr", "stdout" (io), "detail" and "decided" (tests)}, ...], "attempts": n, "leaked": n} or
+    {"error": text}.
+
+    With `isolate`, the job goes to a judge started ahead of it (see `_Judge`), and a judge for the
+    next job with the same memory limit starts while this one runs.
     """
     n_tests = len(inputs if inputs is not None else tests or [])
     uid = UID_MIN + secrets.randbelow(UID_MAX - UID_MIN)
-    cgroup = _job_cgroup(f"feedbackrl-{uid}", limits.memory_mb) if isolate else None
+    judge = _Judge.take(limits.memory_mb) if isolate else _Judge(None, isolate=False)
+    if isolate:  # the next job's judge boots while this job runs; if it cannot, the next job starts one
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            _Judge.prepare(limits.memory_mb)
     # With a cgroup counting real memory, the address-space limit only stops absurd reservations
     # (thread stacks and malloc arenas reserve far more than they use).
-    address_space_mb = max(4 * limits.memory_mb, limits.memory_mb + 1024) if cgroup else limits.memory_mb
-    spec = {"code": code, "inputs": inputs, "tests": tests, "uid": uid, "isolate": isolate,
-            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s), "cgroup": cgroup,
+    address_space_mb = max(4 * limits.memory_mb, limits.memory_mb + 1024) if judge.cgroup else limits.memory_mb
+    spec = {"code": code, "inputs": inputs, "tests": tests, "uid": uid,
+            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s),
             "memory_mb": int(limits.memory_mb), "address_space_mb": int(address_space_mb),
             "max_output_bytes": int(limits.max_output_bytes), "sandbox_checks": bool(sandbox_checks),
             "seccomp": _seccomp() if isolate else None}
     # A crash can cost a test a reload as well: two deadlines per test, plus start-up slack.
     budget = 2 * (n_tests + 1) * limits.timeout_s + 10
-    cmd = [*_UNSHARE, *_judge_cmd()] if isolate else _judge_cmd()
+    proc = judge.proc
     try:
-        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={}, cwd="/", start_new_session=True) as proc:
-            try:
-                out, err = proc.communicate(_JUDGE_DIR + marshal.dumps(spec), timeout=budget)
-            except subprocess.TimeoutExpired:
-                out, err = b"", b"the judge overran the job's overall deadline"
-            finally:
-                _kill_group(proc.pid)  # --kill-child takes the judge, and with it the PID namespace
+        try:
+            out, err = proc.communicate(_framed(spec), timeout=budget)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b"the judge overran the job's overall deadline"
+        finally:
+            _kill_group(proc.pid)  # --kill-child takes the judge, and with it the PID namespace
+            proc.wait()
     finally:
-        leaked = sandbox_cgroup.remove(cgroup) if cgroup else 0
+        leaked = judge.close()
     leaked += _kill_uid(uid) if os.geteuid() == 0 else 0
     try:
         return marshal.loads(out) | {"leaked": leaked}
     except (EOFError, ValueError, TypeError):
         tail = err[-500:].decode(errors="replace")
         return {"error": f"sandbox failed (exit {proc.returncode}): {tail}", "leaked": leaked}
+
+
+def _framed(value: object) -> bytes:
+    data = marshal.dumps(value)
+    return len(data).to_bytes(4, "big") + data
+
+
+class _Judge:
+    """One judge process and its job's cgroup, started before the job (a process of its own per job).
+
+    What a judge does before its job (start the interpreter, import, open the cgroup, build the
+    root) depends on the memory limit alone, so `prepare` starts one ahead for the next job with
+    that limit, and `take` hands it out (or starts one then). Each judge still serves exactly one
+    job and has seen no other: the isolation is the same as starting it when the job comes, and
+    the job waits only for what it runs. Spare judges are stopped at exit (`stop_spares`).
+    """
+
+    _spares: ClassVar[dict[int, list[_Judge]]] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, memory_mb: int | None, isolate: bool = True) -> None:
+        self.owner = os.getpid()
+        self.cgroup = _job_cgroup(f"feedbackrl-{secrets.token_hex(8)}", memory_mb) if isolate else None
+        cmd = [*_UNSHARE, *_judge_cmd()] if isolate else _judge_cmd()
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         env={}, cwd="/", start_new_session=True)
+            self.proc.stdin.write(_JUDGE_DIR + _framed({"cgroup": self.cgroup, "isolate": isolate}))
+            self.proc.stdin.flush()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def take(cls, memory_mb: int) -> _Judge:
+        with cls._lock:
+            spares = cls._spares.get(memory_mb, [])
+            while spares:
+                judge = spares.pop()
+                if judge.owner == os.getpid() and judge.proc.poll() is None:
+                    return judge
+                if judge.owner == os.getpid():
+                    judge.close()  # died before its job: start another
+        return cls(memory_mb)
+
+    @classmethod
+    def prepare(cls, memory_mb: int) -> None:
+        judge = cls(memory_mb)
+        with cls._lock:
+            cls._spares.setdefault(memory_mb, []).append(judge)
+
+    def close(self) -> int:
+        """Kill the judge (if still running) and remove its cgroup; how many processes were left in it."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.returncode is None:
+            _kill_group(proc.pid)
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr) if proc is not None else ():
+            with contextlib.suppress(OSError):
+                stream.close()
+        cgroup, self.cgroup = self.cgroup, None
+        return sandbox_cgroup.remove(cgroup) if cgroup else 0
+
+
+def stop_spares() -> None:
+    """Stop the judges started ahead of jobs (and remove their cgroups); the next job starts its own."""
+    with _Judge._lock:
+        spares = [j for js in _Judge._spares.values() for j in js if j.owner == os.getpid()]
+        _Judge._spares.clear()
+    for judge in spares:
+        judge.close()
+
+
+atexit.register(stop_spares)
+
+
+def spare_cgroups() -> list[str]:
+    """The cgroup directories held by judges waiting for a job (each removed with its judge)."""
+    with _Judge._lock:
+        return [d for js in _Judge._spares.values() for j in js if j.cgroup for d in j.cgroup["dirs"]]
 
 
 @cache

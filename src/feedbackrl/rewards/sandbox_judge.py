@@ -74,8 +74,7 @@ class Runner:
     def __init__(self, judge: Judge, stdin: bytes | None) -> None:
         judge.attempts += 1
         self.judge, self.workdir = judge, judge.fresh_workdir()
-        job = _memfd(marshal.dumps({"code": judge.spec["code"], "nonce": judge.spec["nonce"],
-                                    "serve": stdin is None, "harness": _HARNESS_CODE}))
+        job, job_w = os.pipe()  # written once the runner is in the job's cgroup: it waits for it
         if stdin is None:
             child_in, self.requests = os.pipe()
         else:
@@ -87,12 +86,29 @@ class Runner:
         for fd in (child_in, job, *[w for _, w in pipes]):
             os.close(fd)
         self.pid, self.pidfd, self.fds = pid, os.pidfd_open(pid), [r for r, _ in pipes]
+        self._send_job(job_w, stdin is None)
         self.poller = select.poll()
         for fd in [*self.fds, self.pidfd]:
             self.poller.register(fd, select.POLLIN)
         self.bufs = [bytearray(), bytearray(), bytearray()]  # stdout, stderr tail, reports
         self.open_fds, self.total, self.end, self.msgs, self.parsed = set(self.fds), 0, None, [], 0
         self.events = judge.memory_events()
+
+    def _send_job(self, fd: int, serve: bool) -> None:
+        """Move the runner into the job's cgroup, then give it the job (it runs nothing of it before)."""
+        try:
+            if self.judge.cgroup is not None:
+                self.judge.cgroup.add(self.pid)
+            job = marshal.dumps({"code": self.judge.spec["code"], "nonce": self.judge.spec["nonce"],
+                                 "serve": serve, "harness": _HARNESS_CODE})
+            view = memoryview(job)
+            while view:  # the runner reads it all at once; a dead runner closes the pipe (EPIPE)
+                view = view[os.write(fd, view):]
+        except OSError as exc:  # not in the cgroup, or the runner died before its job: it runs nothing
+            self.judge._kill_all(self.pid)
+            os.write(2, f"sandbox: the runner did not start: {type(exc).__name__}: {exc}\n".encode())
+        finally:
+            os.close(fd)
 
     def pump(self, deadline: float, want: object) -> bool:
         """Read the pipes until `want()` holds (True) or the runner exits, overruns or overwrites."""
@@ -170,14 +186,12 @@ class Runner:
 class Judge:
     """Starts runners, decides the tests with deadlines and caps, and kills everything they leave."""
 
-    def __init__(self, spec: dict) -> None:
-        self.spec = spec
-        self.libc = sandbox_fs.Libc() if spec["isolate"] else None
+    def __init__(self, spec: dict, libc: sandbox_fs.Libc | None, cgroup: sandbox_cgroup.JobCgroup | None) -> None:
+        self.spec, self.libc, self.cgroup = spec, libc, cgroup
         self.pid1 = os.getpid() == 1  # only then is kill(-1) confined to the job
         self.root = os.geteuid() == 0
         self.cpu_s = int(spec["timeout_s"] * (len(spec["tests"] or []) + 1)) + 1
         self.attempts, self.shielded = 0, False
-        self.cgroup = sandbox_cgroup.open_job(spec["cgroup"]) if spec.get("cgroup") else None
 
     def memory_events(self) -> int:
         return self.cgroup.limit_hits() if self.cgroup else 0
@@ -342,12 +356,10 @@ def _runner(judge: Judge, workdir: str, fds: list[int]) -> None:
 
 
 def _lock_down(judge: Judge, workdir: str, fds: list[int]) -> None:
-    """New session and IPC namespace, the job's cgroup, fds 0-4 only, rlimits, the job's uid."""
+    """New session and IPC namespace, fds 0-4 only, rlimits, the job's uid (the judge adds the cgroup)."""
     import resource
 
     os.setsid()
-    if judge.cgroup is not None:
-        judge.cgroup.enter()
     if judge.libc is not None:
         judge.libc.unshare(_CLONE_NEWIPC)  # SysV shm and queues die with this attempt
     import fcntl
@@ -397,13 +409,32 @@ def probe_main(libc: sandbox_fs.Libc) -> dict[str, bool]:
     return found
 
 
+def _read_framed(stream: object) -> object:
+    """One length-prefixed marshal value from `stream`; EOF first (the host is gone) exits quietly."""
+    head = stream.read(4)
+    data = stream.read(int.from_bytes(head, "big")) if len(head) == 4 else b""
+    if not data:
+        raise SystemExit(1)
+    return marshal.loads(data)
+
+
 def main() -> None:
-    """Read the job from stdin, run it, write the results to stdout."""
+    """Set up (the job's cgroup, the new root), then read the job from stdin, run it, write the results.
+
+    stdin: our directory (a line, read by the launcher), the set-up {"cgroup", "isolate"}, then the
+    job, each a 4-byte length and marshal. The host may start the judge before it has a job for
+    it: everything before the job depends on the memory limit only, and nothing of any job (no
+    test, no program) is in this process before its own arrives.
+    """
     if sys.argv[1:] == [PROBE_FLAG]:
         os.write(1, marshal.dumps(probe_main(sandbox_fs.Libc())))
         return
-    judge = Judge(marshal.loads(sys.stdin.buffer.read()))
-    if judge.libc is not None:
-        sandbox_fs.build_root(judge.libc)
+    stdin = sys.stdin.buffer
+    setup = _read_framed(stdin)
+    cgroup = sandbox_cgroup.open_job(setup["cgroup"]) if setup["cgroup"] else None  # before the host is hidden
+    libc = sandbox_fs.Libc() if setup["isolate"] else None
+    if libc is not None:
+        sandbox_fs.build_root(libc)
+    judge = Judge(_read_framed(stdin), libc, cgroup)
     sys.stdout.buffer.write(marshal.dumps({"tests": judge.run(), "attempts": judge.attempts}))
     sys.stdout.buffer.flush()
