@@ -33,15 +33,15 @@ WRONG_ADD = "def add(a, b):\n    return 0\n"  # fails every test above
 
 
 def sandbox_processes() -> list[int]:
-    """Host pids running under any sandbox uid."""
-    pids = []
+    """Host pids running under any sandbox uid, but those of the runners started for the next jobs."""
+    pids, spares = [], set(sandbox.spare_uids())
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             status = Path(f"/proc/{name}/status").read_text()
         except OSError:
             continue
         uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
-        if sandbox.UID_MIN <= uid < sandbox.UID_MAX:
+        if sandbox.UID_MIN <= uid < sandbox.UID_MAX and uid not in spares:
             pids.append(int(name))
     return pids
 
@@ -776,3 +776,14 @@ def test_a_spare_judge_that_died_is_replaced(verifier: CodeVerifier) -> None:
     assert spare.cgroup is None  # removed with the dead judge
     sandbox.stop_spares()
     assert sandbox.spare_cgroups() == [] and not judge_pids() - before
+
+
+def test_a_runner_started_ahead_gets_its_job_s_cpu_limit_and_stdin(verifier: CodeVerifier) -> None:
+    # The first runner of a job is started before the job; its CPU limit (an io test's: the 1 s
+    # timeout + 1 s) and its stdin (here 3 MB, far over a pipe's buffer) come with the job,
+    # before the program runs.
+    program = ("import resource, sys\ndata = sys.stdin.read()\n"
+               "print(resource.getrlimit(resource.RLIMIT_CPU), len(data), data[-3:])")
+    for _ in range(2):  # the first job may start its runner on the spot; the second gets one started ahead
+        verdict = run_io(verifier, program, expected="(2, 2) 3000000 xyz\n", stdin="a" * 2999997 + "xyz")
+        assert verdict.score == 1.0, verdict.details

@@ -175,19 +175,13 @@ def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] 
     next job with the same memory limit starts while this one runs.
     """
     n_tests = len(inputs if inputs is not None else tests or [])
-    uid = UID_MIN + secrets.randbelow(UID_MAX - UID_MIN)
-    judge = _Judge.take(limits.memory_mb) if isolate else _Judge(None, isolate=False)
+    judge = _Judge.take(limits.memory_mb) if isolate else _Judge(limits.memory_mb, isolate=False)
     if isolate:  # the next job's judge boots while this job runs; if it cannot, the next job starts one
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             _Judge.prepare(limits.memory_mb)
-    # With a cgroup counting real memory, the address-space limit only stops absurd reservations
-    # (thread stacks and malloc arenas reserve far more than they use).
-    address_space_mb = max(4 * limits.memory_mb, limits.memory_mb + 1024) if judge.cgroup else limits.memory_mb
-    spec = {"code": code, "inputs": inputs, "tests": tests, "uid": uid,
-            "nonce": secrets.token_hex(16), "timeout_s": float(limits.timeout_s),
-            "memory_mb": int(limits.memory_mb), "address_space_mb": int(address_space_mb),
-            "max_output_bytes": int(limits.max_output_bytes), "sandbox_checks": bool(sandbox_checks),
-            "seccomp": _seccomp() if isolate else None}
+    spec = {"code": code, "inputs": inputs, "tests": tests, "nonce": secrets.token_hex(16),
+            "timeout_s": float(limits.timeout_s), "max_output_bytes": int(limits.max_output_bytes),
+            "sandbox_checks": bool(sandbox_checks)}
     # A crash can cost a test a reload as well: two deadlines per test, plus start-up slack.
     budget = 2 * (n_tests + 1) * limits.timeout_s + 10
     proc = judge.proc
@@ -201,7 +195,7 @@ def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] 
             proc.wait()
     finally:
         leaked = judge.close()
-    leaked += _kill_uid(uid) if os.geteuid() == 0 else 0
+    leaked += _kill_uid(judge.uid) if os.geteuid() == 0 else 0
     try:
         return marshal.loads(out) | {"leaked": leaked}
     except (EOFError, ValueError, TypeError):
@@ -215,26 +209,34 @@ def _framed(value: object) -> bytes:
 
 
 class _Judge:
-    """One judge process and its job's cgroup, started before the job (a process of its own per job).
+    """One judge process and its job's cgroup and uid, started before the job (one judge per job).
 
     What a judge does before its job (start the interpreter, import, open the cgroup, build the
-    root) depends on the memory limit alone, so `prepare` starts one ahead for the next job with
-    that limit, and `take` hands it out (or starts one then). Each judge still serves exactly one
-    job and has seen no other: the isolation is the same as starting it when the job comes, and
-    the job waits only for what it runs. Spare judges are stopped at exit (`stop_spares`).
+    root, start the first runner: its lock-down and fresh interpreter) depends on the memory limit
+    alone, so `prepare` starts one ahead for the next job with that limit, and `take` hands it out
+    (or starts one then). Each judge still serves exactly one job and has seen no other, and the
+    runner gets its CPU limit and stdin with the job, before any of the program runs: the isolation
+    is the same as starting them when the job comes. Spare judges are stopped at exit
+    (`stop_spares`).
     """
 
     _spares: ClassVar[dict[int, list[_Judge]]] = {}
     _lock = threading.Lock()
 
-    def __init__(self, memory_mb: int | None, isolate: bool = True) -> None:
+    def __init__(self, memory_mb: int, isolate: bool = True) -> None:
         self.owner = os.getpid()
-        self.cgroup = _job_cgroup(f"feedbackrl-{secrets.token_hex(8)}", memory_mb) if isolate else None
+        self.uid = UID_MIN + secrets.randbelow(UID_MAX - UID_MIN)
+        self.cgroup = _job_cgroup(f"feedbackrl-{self.uid}", memory_mb) if isolate else None
+        # With a cgroup counting real memory, the address-space limit only stops absurd reservations
+        # (thread stacks and malloc arenas reserve far more than they use).
+        address_space_mb = max(4 * memory_mb, memory_mb + 1024) if self.cgroup else memory_mb
+        setup = {"cgroup": self.cgroup, "isolate": isolate, "uid": self.uid, "address_space_mb": int(address_space_mb),
+                 "seccomp": _seccomp() if isolate else None}
         cmd = [*_UNSHARE, *_judge_cmd()] if isolate else _judge_cmd()
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          env={}, cwd="/", start_new_session=True)
-            self.proc.stdin.write(_JUDGE_DIR + _framed({"cgroup": self.cgroup, "isolate": isolate}))
+            self.proc.stdin.write(_JUDGE_DIR + _framed(setup))
             self.proc.stdin.flush()
         except BaseException:
             self.close()
@@ -281,6 +283,12 @@ def stop_spares() -> None:
 
 
 atexit.register(stop_spares)
+
+
+def spare_uids() -> list[int]:
+    """The uids of judges waiting for a job (each has one runner under it, locked down, waiting too)."""
+    with _Judge._lock:
+        return [j.uid for js in _Judge._spares.values() for j in js]
 
 
 def spare_cgroups() -> list[str]:
