@@ -6,7 +6,7 @@ Prints a markdown table and writes benchmarks/results/sandbox.json.
 Before and after a change, in one run: `--compare REV [REV ...]` exports the package as of each
 git revision to a temporary folder and measures them and the working tree in alternating worker
 processes (`--rounds` each, medians), so all see the same machine load; writes
-benchmarks/results/sandbox_compare.json. The per-test cost is the "1 io test" row: one verdict
+benchmarks/results/sandbox_compare.json (or `--out`). The per-test cost is the "1 io test" row: one verdict
 of one io test, wall time, median. Both modes print the date, the commit, the CPU and its
 vector instruction sets, and store them in the JSON.
 
@@ -98,7 +98,7 @@ def measure(n: int, n_problems: int) -> dict[str, float]:
     return rows
 
 
-def compare(revs: list[str], n: int, n_problems: int, rounds: int) -> None:
+def compare(revs: list[str], n: int, n_problems: int, rounds: int, out: Path) -> None:
     """Measure each of `revs` and the working tree in alternating worker processes; print and save a table."""
     info = machine()
     after = f"tree {info['commit']}"
@@ -131,8 +131,8 @@ def compare(revs: list[str], n: int, n_problems: int, rounds: int) -> None:
               + " | ".join(f"{v / values[0]:.2f}x" for v in values[1:]) + " |")
     per_test = table[after]["1 io test, ms"]
     print(f"\nper-test cost (1 io test, median): {per_test:.1f} ms at {after}")
-    COMPARE.parent.mkdir(exist_ok=True)
-    COMPARE.write_text(json.dumps({"revisions": list(trees), "machine": info, "rounds": rounds, "n_calls": n,
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"revisions": list(trees), "machine": info, "rounds": rounds, "n_calls": n,
                                    "n_problems": n_problems, "per_test_ms": round(per_test, 1),
                                    "median": table, "runs": runs}, indent=2) + "\n")
 
@@ -144,13 +144,14 @@ def main() -> None:
     parser.add_argument("--compare", metavar="REV", nargs="+",
                         help="also measure these git revisions, alternating with this tree")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side with --compare")
+    parser.add_argument("--out", type=Path, default=COMPARE, help="results JSON of --compare")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(measure(args.n, args.problems)))
         return
     if args.compare:
-        compare(args.compare, args.n, args.problems, args.rounds)
+        compare(args.compare, args.n, args.problems, args.rounds, args.out)
         return
 
     verifier = CodeVerifier(timeout_s=5.0)
