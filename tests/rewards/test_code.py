@@ -27,7 +27,7 @@ from feedbackrl.rewards.sandbox_harness import Unencodable, encode
 from feedbackrl.rewards.verdict import Problem
 
 ISOLATED = all(sandbox.probe().values())
-needs_sandbox = pytest.mark.skipif(not ISOLATED, reason=f"sandbox isolation unavailable: {sandbox.probe()}")
+needs_sandbox = pytest.mark.sandbox
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = {"asserts": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]}
@@ -37,9 +37,7 @@ SUM_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 
 
 @pytest.fixture(scope="module")
-def verifier() -> CodeVerifier:
-    if not ISOLATED:
-        pytest.skip(f"sandbox isolation unavailable: {sandbox.probe()}")
+def verifier(sandbox_required: None) -> CodeVerifier:
     return CodeVerifier(timeout_s=1.5)
 
 

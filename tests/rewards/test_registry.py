@@ -200,13 +200,12 @@ def test_code_source_runs_the_tests_in_a_batch() -> None:
     assert empty.reason == "no program in the completion"
 
 
-def test_code_source_can_forbid_tests_decided_inside_the_sandbox() -> None:
-    if not all(sandbox.probe().values()):
-        pytest.skip(f"sandbox isolation unavailable: {sandbox.probe()}")
+@pytest.mark.sandbox
+def test_code_source_fails_undecidable_tests_unless_allowed_inside_the_sandbox() -> None:
     problem = Problem("apply", {"asserts": ["assert apply(lambda x: x + 1, 2) == 3", "assert apply(abs, -2) == 2"]})
     program = "def apply(f, x):\n    return f(x)\n"
-    strict = build_reward(RewardConfig(source="code", timeout_s=5.0, sandbox_checks=False), task_verifier)
-    lenient = build_reward(RewardConfig(source="code", timeout_s=5.0), task_verifier)
+    strict = build_reward(RewardConfig(source="code", timeout_s=5.0), task_verifier)
+    lenient = build_reward(RewardConfig(source="code", timeout_s=5.0, sandbox_checks=True), task_verifier)
     (refused,), (allowed,) = strict([problem], [program]), lenient([problem], [program])
     assert [t["reason"] for t in refused.details["tests"]] == ["undecidable", "undecidable"]
     assert (allowed.score, [t["decided"] for t in allowed.details["tests"]]) == (1.0, ["sandbox", "sandbox"])

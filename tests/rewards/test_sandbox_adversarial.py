@@ -22,8 +22,7 @@ from feedbackrl.rewards import sandbox
 from feedbackrl.rewards.code import CodeVerifier
 from feedbackrl.rewards.verdict import Problem, Verdict
 
-pytestmark = pytest.mark.skipif(not all(sandbox.probe().values()),
-                                reason=f"sandbox isolation unavailable: {sandbox.probe()}")
+pytestmark = pytest.mark.sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 ADD_TESTS = {"asserts": ["assert add(1, 2) == 3", "assert add(2, 2) == 4",
@@ -34,15 +33,15 @@ WRONG_ADD = "def add(a, b):\n    return 0\n"  # fails every test above
 
 
 def sandbox_processes() -> list[int]:
-    """Host pids running under any sandbox uid."""
-    pids = []
+    """Host pids running under any sandbox uid, but those of the runners started for the next jobs."""
+    pids, spares = [], set(sandbox.spare_uids())
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             status = Path(f"/proc/{name}/status").read_text()
         except OSError:
             continue
         uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
-        if sandbox.UID_MIN <= uid < sandbox.UID_MAX:
+        if sandbox.UID_MIN <= uid < sandbox.UID_MAX and uid not in spares:
             pids.append(int(name))
     return pids
 
@@ -59,8 +58,10 @@ def host_unchanged() -> Iterator[None]:
 
 
 def job_cgroups() -> list[str]:
-    """cgroups the sandbox made for jobs and left behind (it removes each after its job)."""
-    return [str(p) for p in Path("/sys/fs/cgroup").rglob("feedbackrl-*") if p.is_dir()]
+    """cgroups the sandbox made for jobs and left behind (it removes each after its job), apart from
+    those of the judges started ahead for the next jobs."""
+    spares = set(sandbox.spare_cgroups())
+    return [str(p) for p in Path("/sys/fs/cgroup").rglob("feedbackrl-*") if p.is_dir() and str(p) not in spares]
 
 
 @pytest.fixture(scope="module")
@@ -137,13 +138,45 @@ def patient_verifier() -> CodeVerifier:
     pytest.param("import threading\nthreads = [threading.Thread(target=lambda: bytearray(10**9))"
                  " for _ in range(8)]\n[t.start() for t in threads]\n[t.join() for t in threads]\n"
                  "raise MemoryError", id="allocating-threads"),
-    pytest.param(MEMFD_BOMB, id="memfd"),
-    pytest.param(SHM_BOMB, id="sysv-shm"),
+    pytest.param(MEMFD_BOMB, id="memfd", marks=pytest.mark.sandbox("cgroup")),
+    pytest.param(SHM_BOMB, id="sysv-shm", marks=pytest.mark.sandbox("cgroup")),
 ])
 def test_memory_bombs_hit_the_limit(patient_verifier: CodeVerifier, program: str) -> None:
-    if program in (MEMFD_BOMB, SHM_BOMB) and not sandbox.cgroup_available():
-        pytest.skip("no memory cgroup here: in-memory files and shared memory are not counted")
     verdict = run_io(patient_verifier, program)
+    assert (reason(verdict), verdict.score) == ("memory", 0.0), verdict.details
+
+
+MAPPED_33_TIMES = dedent("""\
+    import mmap, os
+    size = 60 << 20  # one 60 MiB file in the working directory (its tmpfs holds 64 MiB)
+    with open('data', 'wb') as f:
+        f.truncate(size)
+    fd = os.open('data', os.O_RDWR)
+    maps = [mmap.mmap(fd, size, flags=mmap.MAP_{kind}) for _ in range(33)]  # 1,980 MiB of mappings
+    for m in maps:
+        for offset in range(0, size, 4096):
+            m[offset] = 1  # every page of every mapping touched
+    print(sum(m[size - 1] == 0 for m in maps))
+    """)
+
+
+@pytest.fixture(scope="module")
+def verifier_512() -> CodeVerifier:
+    return CodeVerifier(timeout_s=60.0, memory_mb=512, max_output_bytes=100_000)
+
+
+@pytest.mark.sandbox("cgroup")
+def test_one_file_mapped_33_times_is_charged_once(verifier_512: CodeVerifier) -> None:
+    # 33 shared mappings of one 60 MiB file, every page written: the job holds 1,980 MiB of
+    # mappings against a 512 MiB limit, but the pages are the file's, charged to the job once.
+    verdict = run_io(verifier_512, MAPPED_33_TIMES.replace("{kind}", "SHARED"), expected="33\n")
+    assert (reason(verdict), verdict.score) == ("ok", 1.0), verdict.details
+
+
+def test_private_copies_of_a_mapped_file_hit_the_limit(verifier_512: CodeVerifier) -> None:
+    # The same 33 mappings, private: each written page is the job's own copy (1,980 MiB in all),
+    # so the memory limit (the cgroup's, or the address-space limit without one) stops it.
+    verdict = run_io(verifier_512, MAPPED_33_TIMES.replace("{kind}", "PRIVATE"), expected="33\n")
     assert (reason(verdict), verdict.score) == ("memory", 0.0), verdict.details
 
 
@@ -283,9 +316,8 @@ def test_unix_sockets_at_host_paths_are_unreachable(verifier: CodeVerifier) -> N
     assert verdict.score == 1.0, verdict.details
 
 
+@pytest.mark.sandbox("seccomp")
 def test_seccomp_refuses_kernel_surface_a_program_has_no_use_for(verifier: CodeVerifier) -> None:
-    if sandbox.sandbox_seccomp.bpf()[0] is None:
-        pytest.skip(f"no seccomp filter here: {sandbox.sandbox_seccomp.bpf()[1]}")
     # Without the filter: io_uring_setup(1, NULL) -> EFAULT (14), add_key(...) -> EINVAL (22), and a
     # user namespace (unshare(CLONE_NEWUSER)) succeeds (0). With it, each is EPERM (1).
     program = dedent("""\
@@ -537,6 +569,77 @@ def test_stdlib_monkeypatching_does_not_reach_the_checks(verifier: CodeVerifier,
     assert verifier(Problem("", tests), right).score == 1.0
 
 
+AREA_TESTS = {"asserts": [
+    "assert math.isclose(area(2), 12.566370614359172)",  # `math`: the program's import, not the test's
+    "assert area(2) == 4 * math.pi",
+    "import math\nassert math.isclose(area(2), 12.566370614359172)",
+    "from math import pi\nassert area(2) == 4 * pi",
+    "assert abs(area(2) - 12.566370614359172) < 1e-6",  # HumanEval's shape
+    "assert round(area(1), 2) == 3.14 and len([area(1)]) == 1 and sorted([area(2), area(1)])[0] < 4",
+    "assert operator.eq(area(1), math.pi) and functools.reduce(operator.add, [area(1)]) > 3",
+    "assert collections.Counter([area(1)])[math.pi] == 1 and sys.modules['math'].pi == math.pi",
+]}
+AREA = "\ndef area(r):\n    return {}\n"  # the program's area(), a wrong or the right body
+PATCH_MODULES = "import math, operator, functools, collections, sys, types\n"
+
+
+@pytest.mark.parametrize("patch", [
+    pytest.param("math.isclose = lambda *a, **k: True\nmath.pi = 0.0\n", id="patch-math-isclose-and-pi"),
+    pytest.param("class math:\n    pi = 0.0\n    isclose = staticmethod(lambda *a, **k: True)\n",
+                 id="class-named-math"),
+    pytest.param("fake = types.ModuleType('math')\nfake.isclose = lambda *a, **k: True\nfake.pi = 0.0\n"
+                 "sys.modules['math'] = math = fake\n", id="fake-math-in-sys-modules"),
+    pytest.param("import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.round = lambda *a: 3.14\n"
+                 "builtins.len = lambda x: 1\nbuiltins.sorted = lambda x: [0]\n"
+                 "abs, round, len, sorted = builtins.abs, builtins.round, builtins.len, builtins.sorted\n",
+                 id="patch-builtins-abs-round-len-sorted"),
+    pytest.param("operator.eq = lambda a, b: True\noperator.add = lambda a, b: 99\n"
+                 "functools.reduce = lambda f, xs: 99\ncollections.Counter = lambda xs: {math.pi: 1}\n",
+                 id="patch-operator-functools-collections"),
+    pytest.param("class Mods(dict):\n    def __getitem__(self, k):\n        return types.SimpleNamespace(pi=0.0)\n"
+                 "sys.modules = Mods(sys.modules)\nsys = types.SimpleNamespace(modules={'math': "
+                 "types.SimpleNamespace(pi=0.0)})\n", id="fake-sys-modules"),
+])
+def test_patched_modules_decide_no_check_when_the_test_names_the_program_s_module(
+        verifier: CodeVerifier, patch: str) -> None:
+    # Each test names stdlib modules the program imported (`math`, `operator`, ...) or imports
+    # them itself; the judge evaluates all of it with its own modules, whatever the program did.
+    wrong = PATCH_MODULES + patch + AREA.format("1.0")
+    verdict = verifier(Problem("", AREA_TESTS), wrong)
+    assert [t["reason"] for t in verdict.details["tests"]] == ["wrong_output"] * 8, verdict.details
+    assert all(t["decided"] == "judge" for t in verdict.details["tests"])
+    right = PATCH_MODULES + patch + AREA.format("3.141592653589793 * r * r")
+    verdict = verifier(Problem("", AREA_TESTS), right)
+    assert verdict.score == 1.0, verdict.details
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param("class F(float):\n    __sub__ = __rsub__ = lambda s, o: 0.0\n    __abs__ = lambda s: 0.0\n"
+                 "    __round__ = lambda s, n=None: 3.14\nresult = F(1.0)", id="float-subclass-arithmetic"),
+    pytest.param("class I(int):\n    __sub__ = __rsub__ = lambda s, o: 0\n    __abs__ = lambda s: 0\n"
+                 "    __lt__ = __gt__ = lambda s, o: True\nresult = I(1)", id="int-subclass-ordering"),
+    pytest.param("class S(str):\n    __contains__ = lambda s, o: True\n    lower = lambda s: 'pi'\n"
+                 "    __len__ = lambda s: 2\nresult = S('no')", id="str-subclass-methods"),
+    pytest.param("class L(list):\n    __len__ = lambda s: 1\n    __getitem__ = lambda s, i: 3.14\n"
+                 "    __contains__ = lambda s, o: True\nresult = L([9, 9])", id="list-subclass-methods"),
+    pytest.param("class N:\n    __float__ = lambda s: 3.14159\n    __sub__ = __rsub__ = lambda s, o: 0.0\n"
+                 "    __abs__ = lambda s: 0.0\n    __lt__ = __eq__ = lambda s, o: True\n    __hash__ = None\n"
+                 "result = N()", id="object-with-numeric-dunders"),
+])
+def test_returned_objects_are_compared_as_plain_data_only(verifier: CodeVerifier, value: str) -> None:
+    # `area` returns an object whose type rewrites arithmetic, ordering, containment or length:
+    # the judge sees the plain value (a subclass of a builtin becomes that builtin) or a handle
+    # that refuses to be compared, never the object's methods.
+    tests = {"asserts": ["assert abs(area(2) - 3.14159) < 1e-6", "assert round(area(2), 2) == 3.14",
+                         "import math\nassert math.isclose(area(2), 3.14159)", "assert area(2) < 0",
+                         "assert 'pi' in area(2) or area(2).lower() == 'pi'",
+                         "assert len(area(2)) == 1 and area(2)[0] == 3.14"]}
+    program = value + "\ndef area(r):\n    return result\n"
+    verdict = verifier(Problem("", tests), program)
+    assert verdict.score == 0.0, verdict.details
+    assert {t["decided"] for t in verdict.details["tests"]} == {"judge"}
+
+
 def test_test_literals_are_nowhere_in_the_program_s_reach(patient_verifier: CodeVerifier) -> None:
     # The program looks for the expected value everywhere it can read: the frames above its
     # call, every object on its heap, its own memory, the judge's memory and command line. (The
@@ -617,15 +720,70 @@ def test_forged_reports_decide_nothing(verifier: CodeVerifier, program: str) -> 
     assert all(t["decided"] == "judge" for t in verdict.details["tests"] if "decided" in t)
 
 
-def test_undecidable_tests_are_marked_and_can_be_forbidden(verifier: CodeVerifier) -> None:
+def test_undecidable_tests_fail_unless_allowed_inside_the_sandbox(verifier: CodeVerifier) -> None:
     # A test that hands the program a function: the judge cannot call into it with plain data.
     tests = {"asserts": ["assert apply(lambda x: x + 1, 2) == 3", "assert apply(abs, -2) == 2"]}
     program = "def apply(f, x):\n    return f(x)\n"
     verdict = verifier(Problem("", tests), program)
-    assert verdict.score == 1.0, verdict.details
-    assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
-    strict = CodeVerifier(timeout_s=1.0, memory_mb=256, sandbox_checks=False)
-    verdict = strict(Problem("", tests), program)
     assert verdict.score == 0.0
     assert [t["reason"] for t in verdict.details["tests"]] == ["undecidable"] * 2
     assert "not plain data" in verdict.details["tests"][0]["detail"]
+    lenient = CodeVerifier(timeout_s=1.0, memory_mb=256, sandbox_checks=True)
+    verdict = lenient(Problem("", tests), program)
+    assert verdict.score == 1.0, verdict.details
+    assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
+
+
+# ------------------------------------------------------------------ judges started ahead of their job
+
+
+def judge_pids() -> set[int]:
+    """Host pids of `unshare` processes (each spare judge sits under one)."""
+    found = set()
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")[0].endswith(b"unshare"):
+                found.add(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def test_each_job_gets_a_judge_of_its_own_started_ahead(verifier: CodeVerifier) -> None:
+    sandbox.stop_spares()
+    assert sandbox.spare_cgroups() == []
+    assert run_io(verifier, "print(1)", expected="1\n").score == 1.0  # started its judge on the spot
+    spare = sandbox.spare_cgroups()  # the next job's judge, started while that job ran
+    assert len(spare) in (1, 2)  # cgroup v2: one directory, v1: memory and pids
+    # The next job runs in the spare's cgroup (its runner was moved in before it ran anything).
+    program = ("print(sorted({line.rsplit('/', 1)[1] for line in open('/proc/self/cgroup').read().split()\n"
+               "             if line.rsplit('/', 1)[1].startswith('feedbackrl-')}))")
+    verdict = run_io(verifier, program, expected="none")
+    names = sorted({os.path.basename(d) for d in spare})
+    assert verdict.details["tests"][0]["stdout"].strip() == repr(names), verdict.details
+    assert not any(os.path.exists(d) for d in spare), "the spare's cgroup went with the job it served"
+    assert sandbox.spare_cgroups() != spare and len(sandbox.spare_cgroups()) == len(spare)
+
+
+def test_a_spare_judge_that_died_is_replaced(verifier: CodeVerifier) -> None:
+    run_io(verifier, "print(1)", expected="1\n")
+    before = judge_pids()
+    (spare,) = sandbox._Judge._spares[verifier.limits.memory_mb]
+    os.killpg(spare.proc.pid, 9)
+    spare.proc.wait()
+    verdict = run_io(verifier, "print(2)", expected="2\n")
+    assert verdict.score == 1.0, verdict.details
+    assert spare.cgroup is None  # removed with the dead judge
+    sandbox.stop_spares()
+    assert sandbox.spare_cgroups() == [] and not judge_pids() - before
+
+
+def test_a_runner_started_ahead_gets_its_job_s_cpu_limit_and_stdin(verifier: CodeVerifier) -> None:
+    # The first runner of a job is started before the job; its CPU limit (an io test's: the 1 s
+    # timeout + 1 s) and its stdin (here 3 MB, far over a pipe's buffer) come with the job,
+    # before the program runs.
+    program = ("import resource, sys\ndata = sys.stdin.read()\n"
+               "print(resource.getrlimit(resource.RLIMIT_CPU), len(data), data[-3:])")
+    for _ in range(2):  # the first job may start its runner on the spot; the second gets one started ahead
+        verdict = run_io(verifier, program, expected="(2, 2) 3000000 xyz\n", stdin="a" * 2999997 + "xyz")
+        assert verdict.score == 1.0, verdict.details

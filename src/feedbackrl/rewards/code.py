@@ -12,9 +12,10 @@ loop over cases, or HumanEval's `def check(candidate): ...` with a call `check(e
 passes when it runs to the end. The judge runs it outside the program's process, with clean
 builtins and modules, calling into the program for values (see `sandbox_checks`), so every
 comparison is made on plain data and the test's literals never reach the program. A test the
-judge cannot decide (it passes the program something that is not plain data, a function say) is
-run inside the sandbox instead, and its entry says `"decided": "sandbox"`; `sandbox_checks=False`
-fails such tests as "undecidable". Each test's entry in `Verdict.details["tests"]` says whether
+judge cannot decide (it passes the program something that is not plain data, a function say)
+fails as "undecidable"; `sandbox_checks=True` runs such tests inside the sandbox instead, where
+the program's patched modules are the test's too (weaker), and their entry says
+`"decided": "sandbox"`. Each test's entry in `Verdict.details["tests"]` says whether
 it passed and why not: "ok", "wrong_output", "runtime_error", "timeout", "memory", "crash",
 "early_exit", "output_limit" or "undecidable".
 
@@ -102,13 +103,14 @@ class CodeVerifier:
     """Reward source: run the completion's program against `problem.answer`'s tests, sandboxed.
 
     `timeout_s` is wall-clock time per test, `memory_mb` the address-space limit, and
-    `max_output_bytes` caps stdout + stderr per test. `sandbox_checks=False` forbids tests the judge
-    cannot decide outside the program's process (they fail as "undecidable"). Raises SandboxUnavailable at construction
-    if this machine cannot isolate programs, unless `allow_unsafe=True`; calls never raise.
+    `max_output_bytes` caps stdout + stderr per test. Tests the judge cannot decide outside the
+    program's process fail as "undecidable"; `sandbox_checks=True` runs them inside it instead.
+    Raises SandboxUnavailable at construction if this machine cannot isolate programs, unless
+    `allow_unsafe=True`; calls never raise.
     """
 
     def __init__(self, timeout_s: float = 2.0, memory_mb: int = 512, max_output_bytes: int = 1_000_000,
-                 allow_unsafe: bool = False, sandbox_checks: bool = True) -> None:
+                 allow_unsafe: bool = False, sandbox_checks: bool = False) -> None:
         for name, value, low in (("timeout_s", timeout_s, 0.05), ("memory_mb", memory_mb, 64),
                                  ("max_output_bytes", max_output_bytes, 1)):
             if not (isinstance(value, int | float) and value >= low):

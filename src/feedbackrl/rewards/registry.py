@@ -101,7 +101,7 @@ def _math(ctx: Context, *, order: list[str] | None = None, timeout_s: float = 3.
 
 
 def _code(ctx: Context, *, timeout_s: float = 2.0, memory_mb: int = 512, max_output_bytes: int = 1_000_000,
-          allow_unsafe: bool = False, workers: int = 4, sandbox_checks: bool = True) -> BatchReward:
+          allow_unsafe: bool = False, workers: int = 4, sandbox_checks: bool = False) -> BatchReward:
     from feedbackrl.rewards.code import CodeVerifier
 
     if workers < 1:

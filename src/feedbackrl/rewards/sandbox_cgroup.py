@@ -4,7 +4,9 @@ The address-space rlimit misses memory a program holds outside its mappings: in-
 (`memfd_create`), SysV shared memory, tmpfs pages. A memory cgroup charges all of them to the
 job. The host creates the cgroup (`create`) and removes it after the job (`remove`, which also
 kills anything still in it); the judge opens it before it hides the host's filesystem
-(`open_job`) and each runner moves itself in (`JobCgroup.enter`) before it drops root. Whether
+(`open_job`) and moves each runner in (`JobCgroup.add`) before the runner reads its job, so no
+program code runs outside it (the move waits out an RCU grace period, ~10 ms on cgroup v1, which
+then overlaps the runner's interpreter start-up). Whether
 the limit was reached is read from the kernel's counters (v2 memory.events `max` and `oom_kill`,
 v1 memory.failcnt and `oom_kill`), so a program that fails after reaching it is reported as
 "memory" whichever deadline came next, not as whatever error or timer happened to end it.
@@ -130,10 +132,10 @@ class JobCgroup:
         events = ["memory.events"] if self.version == 2 else ["memory.failcnt", "memory.oom_control"]
         self.events = [os.open(os.path.join(job["dirs"][0], name), os.O_RDONLY) for name in events]
 
-    def enter(self) -> None:
-        """Move the calling process (a runner, still root) into the job's cgroup."""
+    def add(self, pid: int) -> None:
+        """Move process `pid` (a runner that has not read its job yet) into the job's cgroup."""
         for fd in self.procs:
-            os.write(fd, b"0")
+            os.write(fd, str(pid).encode())
 
     def limit_hits(self) -> int:
         """How often this job's memory reached its limit so far (a charge refused, an OOM kill)."""

@@ -21,6 +21,10 @@ import sys
 _CATCHABLE = {name: cls for name, cls in vars(builtins).items()
               if isinstance(cls, type) and issubclass(cls, Exception)}
 _DIED = {"MemoryError": "memory", "SystemExit": "early_exit"}
+# Standard-library modules the judge never imports for a test that names them without importing
+# them: they print (the judge's stdout carries its results), open a browser or a window.
+_NOT_IMPORTED = frozenset({"this", "antigravity", "idlelib", "turtle", "turtledemo", "tkinter", "__hello__",
+                           "__phello__"})
 
 
 class ProgramError(Exception):
@@ -114,15 +118,26 @@ def evaluate(source: str, conn: Connection, names: dict[str, str]) -> tuple[str,
     """Run one test against the program here; (reason, detail), reason "ok" when it passed.
 
     `names` maps the program's globals to "c" (callable) or "v" (a value, fetched when bound).
-    A test name that is a builtin stays the builtin, whatever the program defines.
+    A test name that is a builtin stays the builtin, and one that names a standard-library module
+    is the judge's own import of it, whatever the program binds to that name (a patched `math`,
+    a fake in its `sys.modules`, a class called `math`); every other name the program defines is
+    the program's, reached by request.
     """
     code = compile(source, "<test>", "exec")
     scope: dict[str, object] = {"__name__": "__test__", "__builtins__": builtins}
     try:
         for name in _free_names(code):
-            if name in names and not hasattr(builtins, name):
-                kind = names[name]
-                scope[name] = Remote(conn, name, f"'{name}'") if kind == "c" else conn.request("get", name, None)
+            if name not in names or hasattr(builtins, name):
+                continue
+            if name in sys.stdlib_module_names:
+                if name not in _NOT_IMPORTED:  # not installed here: the name stays unbound (NameError)
+                    try:  # noqa: SIM105 - contextlib would cost the judge its import on every job
+                        scope[name] = __import__(name)
+                    except ImportError:
+                        pass
+                continue
+            kind = names[name]
+            scope[name] = Remote(conn, name, f"'{name}'") if kind == "c" else conn.request("get", name, None)
         exec(code, scope)
         outcome = ("ok", "")
     except AssertionError as exc:

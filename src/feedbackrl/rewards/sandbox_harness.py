@@ -3,7 +3,7 @@
 A fresh interpreter (`python -I -S -B`, standard library only) that the judge starts with `execve`
 once the process is locked down (uid, rlimits, fds), so nothing of the judge's memory (the tests
 included) is in it; see `sandbox.py` for the threat model. fd 4 holds the job (marshal: code,
-nonce, mode). Reports are lines `<nonce> <message>` on fd 3:
+nonce, mode, the CPU limit, and the program's stdin in io mode). Reports are lines `<nonce> <message>` on fd 3:
 
     L <names>         the program loaded (its top level ran); <names> is `encode`d [[name, kind], ...]
     E <ExcName>       the program's top level raised (SystemExit included, in call mode)
@@ -43,15 +43,31 @@ def main() -> int:
 
     with open(4, "rb") as f:
         job = marshal.loads(f.read())
-    return run(job["code"], job["nonce"], job["serve"])
+    return run(job["code"], job["nonce"], job["serve"], job["stdin"], job["cpu_s"])
 
 
-def run(code: str, nonce_text: str, serve: bool) -> int:
-    """Run the program as __main__, then (call mode) serve requests until fd 0 closes."""
+def run(code: str, nonce_text: str, serve: bool, stdin: bytes | None = None, cpu_s: int | None = None) -> int:
+    """Run the program as __main__, then (call mode) serve requests until fd 0 closes.
+
+    The job's CPU limit and (io style) its stdin come with the job: the runner may have been
+    started before the job was known. Both are in place before any of the program runs.
+    """
     import builtins
     import io
     import types
 
+    if cpu_s is not None:  # lowering a limit needs no privilege
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    if stdin is not None:
+        fd = os.memfd_create("stdin")  # the program's stdin: a file, so no writer can block on it
+        view = memoryview(stdin)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.dup2(fd, 0)
+        os.close(fd)
     nonce, write = nonce_text.encode(), os.write
 
     def report(line: str) -> None:

@@ -32,12 +32,13 @@ PROBE_FLAG = "--probe"
 TMPFS_MB = 64  # per-attempt working directory; also the largest file a program may write
 NPROC = 64  # processes + threads per job; counted per uid, and each job has its own uid
 NOFILE = 64  # open files per runner
+PRESTART_CPU_S = 3600  # CPU limit of a runner started before its job, until the job sets the job's
 _CLONE_NEWIPC = 0x08000000
 # The runner's interpreter: a fresh image, so nothing of the judge's memory (the tests) is in it.
 # The harness travels compiled, in the job, so the new root needs none of our files.
 _BOOT = ("import marshal, os\nwith open(4, 'rb') as f:\n    job = marshal.loads(f.read())\n"
          "harness = {'__name__': 'sandbox_harness'}\nexec(marshal.loads(job['harness']), harness)\n"
-         "os._exit(harness['run'](job['code'], job['nonce'], job['serve']))")
+         "os._exit(harness['run'](job['code'], job['nonce'], job['serve'], job['stdin'], job['cpu_s']))")
 
 
 def _harness_code() -> bytes:
@@ -67,19 +68,17 @@ class Attempt:
 class Runner:
     """One runner process (forked, locked down, then a fresh interpreter) and its pipes.
 
-    io style: `stdin` is the program's input and the runner ends by itself. Call style
-    (`stdin=None`): fd 0 carries the judge's requests and the runner serves until it is killed.
+    Made in two steps: `Runner(judge)` starts the process, which waits for its job on fd 4 (so
+    the judge can start one before the job is known), and `start(stdin)` sends it the job. io
+    style: `stdin` is the program's input (it comes with the job) and the runner ends by itself.
+    Call style (`stdin=None`): fd 0 carries the judge's requests and the runner serves until it
+    is killed.
     """
 
-    def __init__(self, judge: Judge, stdin: bytes | None) -> None:
-        judge.attempts += 1
+    def __init__(self, judge: Judge) -> None:
         self.judge, self.workdir = judge, judge.fresh_workdir()
-        job = _memfd(marshal.dumps({"code": judge.spec["code"], "nonce": judge.spec["nonce"],
-                                    "serve": stdin is None, "harness": _HARNESS_CODE}))
-        if stdin is None:
-            child_in, self.requests = os.pipe()
-        else:
-            child_in, self.requests = _memfd(stdin), -1
+        job, self.job_w = os.pipe()  # written once the runner is in the job's cgroup: it waits for it
+        child_in, self.requests = os.pipe()
         pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, reports
         pid = os.fork()
         if pid == 0:
@@ -93,6 +92,39 @@ class Runner:
         self.bufs = [bytearray(), bytearray(), bytearray()]  # stdout, stderr tail, reports
         self.open_fds, self.total, self.end, self.msgs, self.parsed = set(self.fds), 0, None, [], 0
         self.events = judge.memory_events()
+        try:  # while the runner's interpreter starts; it reads nothing of the job before this
+            if judge.cgroup is not None:
+                judge.cgroup.add(pid)
+        except OSError as exc:
+            self._abandon(exc)
+
+    def start(self, stdin: bytes | None) -> Runner:
+        """Give the runner its job: the program, the nonce, its CPU limit, and (io style) its stdin."""
+        self.judge.attempts += 1
+        if self.job_w < 0:
+            return self  # it never got into the cgroup: it is dead, and runs nothing
+        try:
+            job = marshal.dumps({"code": self.judge.spec["code"], "nonce": self.judge.spec["nonce"],
+                                 "serve": stdin is None, "stdin": stdin, "cpu_s": self.judge.cpu_s,
+                                 "harness": _HARNESS_CODE})
+            view = memoryview(job)
+            while view:  # the runner reads it all at once; a dead runner closes the pipe (EPIPE)
+                view = view[os.write(self.job_w, view):]
+            os.close(self.job_w)
+            self.job_w = -1
+        except OSError as exc:
+            self._abandon(exc)
+        if stdin is not None:  # io style: no requests
+            os.close(self.requests)
+            self.requests = -1
+        return self
+
+    def _abandon(self, exc: OSError) -> None:
+        """The runner cannot be given its job safely (not in the cgroup, or dead): kill it."""
+        self.judge._kill_all(self.pid)
+        os.write(2, f"sandbox: the runner did not start: {type(exc).__name__}: {exc}\n".encode())
+        os.close(self.job_w)
+        self.job_w = -1
 
     def pump(self, deadline: float, want: object) -> bool:
         """Read the pipes until `want()` holds (True) or the runner exits, overruns or overwrites."""
@@ -142,8 +174,10 @@ class Runner:
     def finish(self) -> Attempt:
         """Kill the runner and everything it started, drain its pipes, say how it ended."""
         cap = self.judge.spec["max_output_bytes"]
-        if self.requests >= 0:
-            os.close(self.requests)
+        for fd in (self.requests, self.job_w):
+            if fd >= 0:
+                os.close(fd)
+        self.requests = self.job_w = -1
         os.close(self.pidfd)
         status, cpu_s = self.judge.reap(self.pid)
         for fd, buf in zip(self.fds, self.bufs, strict=True):  # the writers are dead: drain up to the cap
@@ -170,14 +204,31 @@ class Runner:
 class Judge:
     """Starts runners, decides the tests with deadlines and caps, and kills everything they leave."""
 
-    def __init__(self, spec: dict) -> None:
-        self.spec = spec
-        self.libc = sandbox_fs.Libc() if spec["isolate"] else None
+    def __init__(self, setup: dict, libc: sandbox_fs.Libc | None, cgroup: sandbox_cgroup.JobCgroup | None) -> None:
+        self.spec, self.libc, self.cgroup = setup, libc, cgroup  # the job's own fields come with `job`
         self.pid1 = os.getpid() == 1  # only then is kill(-1) confined to the job
         self.root = os.geteuid() == 0
-        self.cpu_s = int(spec["timeout_s"] * (len(spec["tests"] or []) + 1)) + 1
+        self.cpu_s: int | None = None  # the runners' CPU limit, once the job says how many tests
         self.attempts, self.shielded = 0, False
-        self.cgroup = sandbox_cgroup.open_job(spec["cgroup"]) if spec.get("cgroup") else None
+        self.spare: Runner | None = None
+
+    def prestart(self) -> None:
+        """Start the first runner before the job comes: its interpreter boots while the job travels."""
+        self.spare = Runner(self)
+
+    def job(self, spec: dict) -> None:
+        self.spec = self.spec | spec
+        self.cpu_s = int(spec["timeout_s"] * (len(spec["tests"] or []) + 1)) + 1
+
+    def runner(self, stdin: bytes | None) -> Runner:
+        """A runner given the job: the one started ahead if it is still unused, else a new one."""
+        runner, self.spare = self.spare or Runner(self), None
+        return runner.start(stdin)
+
+    def finish_spare(self) -> None:
+        if self.spare is not None:  # a job with no tests: the runner started ahead is not needed
+            self.spare.finish()
+            self.spare = None
 
     def memory_events(self) -> int:
         return self.cgroup.limit_hits() if self.cgroup else 0
@@ -188,7 +239,7 @@ class Judge:
         return self._assert_tests()
 
     def _io_test(self, stdin: str) -> dict:
-        runner = Runner(self, stdin.encode("utf-8", "surrogateescape"))
+        runner = self.runner(stdin.encode("utf-8", "surrogateescape"))
         runner.pump(time.monotonic() + self.spec["timeout_s"], lambda: False)
         att = runner.finish()
         outcome = "done" if att.end == "exit" and att.status == 0 else self._failure(att, io=True)
@@ -200,7 +251,7 @@ class Judge:
         tests, results, runner = self.spec["tests"], [], None
         for i, source in enumerate(tests):
             if runner is None:
-                runner = Runner(self, None)
+                runner = self.runner(None)
                 runner.pump(time.monotonic() + self.spec["timeout_s"], runner.loaded)
                 names = next((m[2:] for m in runner.msgs if m.startswith("L ")), None)
                 if names is None:  # the program did not load: every test fails alike
@@ -309,13 +360,6 @@ class Judge:
         return "runtime_error"
 
 
-def _memfd(data: bytes) -> int:
-    fd = os.memfd_create("job")  # any size, no writer to block
-    os.write(fd, data)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
 def _read_into(fd: int, buf: bytearray, poller: select.poll, open_fds: set[int]) -> int:
     data = os.read(fd, 1 << 16)
     if not data:
@@ -342,12 +386,10 @@ def _runner(judge: Judge, workdir: str, fds: list[int]) -> None:
 
 
 def _lock_down(judge: Judge, workdir: str, fds: list[int]) -> None:
-    """New session and IPC namespace, the job's cgroup, fds 0-4 only, rlimits, the job's uid."""
+    """New session and IPC namespace, fds 0-4 only, rlimits, the job's uid (the judge adds the cgroup)."""
     import resource
 
     os.setsid()
-    if judge.cgroup is not None:
-        judge.cgroup.enter()
     if judge.libc is not None:
         judge.libc.unshare(_CLONE_NEWIPC)  # SysV shm and queues die with this attempt
     import fcntl
@@ -357,7 +399,8 @@ def _lock_down(judge: Judge, workdir: str, fds: list[int]) -> None:
         os.dup2(fd, target)
     os.closerange(len(fds), 1 << 16)
     uid = judge.spec["uid"]
-    for res, value in ((resource.RLIMIT_CPU, judge.cpu_s), (resource.RLIMIT_CORE, 0),
+    cpu_s = judge.cpu_s or PRESTART_CPU_S  # started before the job: the harness lowers it when the job comes
+    for res, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_CORE, 0),
                        (resource.RLIMIT_AS, judge.spec["address_space_mb"] << 20),
                        (resource.RLIMIT_FSIZE, TMPFS_MB << 20), (resource.RLIMIT_NOFILE, NOFILE)):
         resource.setrlimit(res, (value, value))
@@ -397,13 +440,38 @@ def probe_main(libc: sandbox_fs.Libc) -> dict[str, bool]:
     return found
 
 
+def _read_framed(stream: object) -> object:
+    """One length-prefixed marshal value from `stream`; EOF first (the host is gone) exits quietly."""
+    head = stream.read(4)
+    data = stream.read(int.from_bytes(head, "big")) if len(head) == 4 else b""
+    if not data:
+        raise SystemExit(1)
+    return marshal.loads(data)
+
+
 def main() -> None:
-    """Read the job from stdin, run it, write the results to stdout."""
+    """Set up (the job's cgroup, the new root, the first runner), then read the job, run it, write the results.
+
+    stdin: our directory (a line, read by the launcher), the set-up {"cgroup", "isolate", "uid",
+    "address_space_mb", "seccomp"}, then the job, each a 4-byte length and marshal. The host may
+    start the judge before it has a job for it: everything before the job depends on the memory
+    limit only, and nothing of any job (no test, no program) is in this process before its own
+    arrives.
+    """
     if sys.argv[1:] == [PROBE_FLAG]:
         os.write(1, marshal.dumps(probe_main(sandbox_fs.Libc())))
         return
-    judge = Judge(marshal.loads(sys.stdin.buffer.read()))
-    if judge.libc is not None:
-        sandbox_fs.build_root(judge.libc)
-    sys.stdout.buffer.write(marshal.dumps({"tests": judge.run(), "attempts": judge.attempts}))
+    stdin = sys.stdin.buffer
+    setup = _read_framed(stdin)
+    cgroup = sandbox_cgroup.open_job(setup["cgroup"]) if setup["cgroup"] else None  # before the host is hidden
+    libc = sandbox_fs.Libc() if setup["isolate"] else None
+    if libc is not None:
+        sandbox_fs.build_root(libc)
+    judge = Judge(setup, libc, cgroup)
+    judge.prestart()
+    judge.job(_read_framed(stdin))
+    results = judge.run()
+    judge.finish_spare()
+    sys.stdout.buffer.write(marshal.dumps({"tests": results, "attempts": judge.attempts}))
     sys.stdout.buffer.flush()
+    os._exit(0)  # every runner is reaped; the interpreter's clean-up would only delay the host
