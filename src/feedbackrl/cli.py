@@ -35,11 +35,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from feedbackrl.models.load import ModelLoadError
     from feedbackrl.models.lora import LoRAError
     from feedbackrl.models.policy import PrecisionError
+    from feedbackrl.rewards.python_fn import RewardFunctionError
     from feedbackrl.train.checkpoint import CheckpointError
     from feedbackrl.train.sft import SFTUnavailable
 
     return (ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable, GGUFError, LoRAError,
-            ChatTemplateError, PrecisionError)
+            ChatTemplateError, PrecisionError, RewardFunctionError)
 
 
 def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
