@@ -125,18 +125,35 @@ def _options(fn: object) -> str:
 
 @app.command()
 def tasks() -> None:
-    """List the tasks, reward sources and algorithms a recipe can name, with their options."""
+    """List the tasks, reward sources and algorithms a recipe can name, with their options; installed packages'
+    tasks and reward sources (entry point groups feedbackrl.tasks and feedbackrl.rewards) too."""
     import inspect
 
-    from feedbackrl.config import ALGO_CONFIGS
-    from feedbackrl.envs.registry import TASKS
-    from feedbackrl.rewards.registry import REWARDS
+    from feedbackrl.config import ALGO_CONFIGS, ConfigError
+    from feedbackrl.envs.registry import TASKS, installed_tasks, task_factory
+    from feedbackrl.rewards.registry import REWARDS, installed_sources, load_installed
 
-    typer.echo("tasks ([task] name = ..., options in [task.options]):")
+    def first_line(e: Exception) -> str:
+        return str(e).splitlines()[0]
+
+    typer.echo("tasks ([task] name = ..., options in [task.options]; or 'package.module:Class'):")
     for name, factory in TASKS.items():
         doc = (inspect.getdoc(factory) or "").split("\n")[0]
         typer.echo(f"  {name}: {doc}\n      options: {_options(factory) or 'none'}")
+    for name, value in installed_tasks().items():
+        try:
+            factory = task_factory(name)
+        except ConfigError as e:
+            typer.echo(f"  {name}: installed ({value}), cannot be loaded: {first_line(e)}")
+            continue
+        doc = (inspect.getdoc(factory) or "").split("\n")[0]
+        typer.echo(f"  {name}: installed ({value}): {doc}\n      options: {_options(factory) or 'none'}")
     typer.echo("\nreward sources ([reward] source = ..., with its options):")
+    for name, value in installed_sources().items():
+        try:
+            load_installed(name)
+        except ConfigError as e:
+            typer.echo(f"  {name}: installed ({value}), cannot be loaded: {first_line(e)}")
     for name, src in REWARDS.items():
         typer.echo(f"  {name}: {src.summary}\n      options: {_options(src.build) or 'none'}")
     typer.echo("\nalgorithms ([algo] name = ...):")
