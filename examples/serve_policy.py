@@ -1,12 +1,13 @@
-"""Serve a policy (a model directory or checkpoint) as an OpenAI-compatible endpoint on loopback.
+"""Serve a policy (a model directory or checkpoint) as an OpenAI-compatible endpoint on loopback: the same as
+`feedbackrl serve MODEL [--port] [--name] [--host]`, which this script calls.
 
 Environments that reach a model over HTTP (the `openai` client, `verifiers`) talk to it at
 ``http://127.0.0.1:PORT/v1`` (chat completions, streaming included) and at the server root
 (``POST /inference/v1/generate``, token ids in, token ids and log-probs out). Needs the
 `feedback` extra (FastAPI, uvicorn).
 
-    python examples/serve_policy.py runs/calc_tool/checkpoints/step_000040 --port 8765
-    python examples/serve_policy.py tiny --port 8765     # a freshly built tiny model
+    feedbackrl serve runs/calc_tool/checkpoints/step_000040 --port 8765
+    feedbackrl serve tiny --port 8765     # a freshly built tiny model
 
 From a `verifiers` 0.4 virtualenv, its training client's call reads our answer like vLLM's::
 
@@ -23,26 +24,9 @@ From a `verifiers` 0.4 virtualenv, its training client's call reads our answer l
 
 from __future__ import annotations
 
-import argparse
-import tempfile
+import sys
 
-import uvicorn
-
-from feedbackrl.models.load import load_policy, load_tokenizer
-from feedbackrl.models.tiny import make_tiny
-from feedbackrl.serve.openai_api import create_app
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="model dir, checkpoint dir, or 'tiny' for a freshly built tiny model")
-    ap.add_argument("--port", type=int, default=8765)
-    ap.add_argument("--name", default="policy", help="the model name clients send")
-    args = ap.parse_args()
-    path = str(make_tiny(tempfile.mkdtemp(prefix="tiny-"))) if args.model == "tiny" else args.model
-    app = create_app(load_policy(path), load_tokenizer(path), args.name)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
-
+from feedbackrl.cli import app
 
 if __name__ == "__main__":
-    main()
+    app(["serve", *sys.argv[1:]])

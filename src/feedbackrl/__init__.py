@@ -8,3 +8,13 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # `feedbackrl.train(...)` after a bare `import feedbackrl`: the package is imported on first use (the
+    # import stays light) and is itself callable (feedbackrl/train/__init__.py)
+    if name == "train":
+        import importlib
+
+        return importlib.import_module("feedbackrl.train")
+    raise AttributeError(f"module 'feedbackrl' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The `feedbackrl` command: demo, train, eval, verify, config, tasks."""
+"""The `feedbackrl` command: demo, train, eval, serve, verify, config, tasks, monitor, label, judge."""
 
 from __future__ import annotations
 
@@ -35,11 +35,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from feedbackrl.models.load import ModelLoadError
     from feedbackrl.models.lora import LoRAError
     from feedbackrl.models.policy import PrecisionError
+    from feedbackrl.rewards.python_fn import RewardFunctionError
     from feedbackrl.train.checkpoint import CheckpointError
     from feedbackrl.train.sft import SFTUnavailable
 
     return (ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable, GGUFError, LoRAError,
-            ChatTemplateError, PrecisionError)
+            ChatTemplateError, PrecisionError, RewardFunctionError)
 
 
 def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
@@ -124,18 +125,35 @@ def _options(fn: object) -> str:
 
 @app.command()
 def tasks() -> None:
-    """List the tasks, reward sources and algorithms a recipe can name, with their options."""
+    """List the tasks, reward sources and algorithms a recipe can name, with their options; installed packages'
+    tasks and reward sources (entry point groups feedbackrl.tasks and feedbackrl.rewards) too."""
     import inspect
 
-    from feedbackrl.config import ALGO_CONFIGS
-    from feedbackrl.envs.registry import TASKS
-    from feedbackrl.rewards.registry import REWARDS
+    from feedbackrl.config import ALGO_CONFIGS, ConfigError
+    from feedbackrl.envs.registry import TASKS, installed_tasks, task_factory
+    from feedbackrl.rewards.registry import REWARDS, installed_sources, load_installed
 
-    typer.echo("tasks ([task] name = ..., options in [task.options]):")
+    def first_line(e: Exception) -> str:
+        return str(e).splitlines()[0]
+
+    typer.echo("tasks ([task] name = ..., options in [task.options]; or 'package.module:Class'):")
     for name, factory in TASKS.items():
         doc = (inspect.getdoc(factory) or "").split("\n")[0]
         typer.echo(f"  {name}: {doc}\n      options: {_options(factory) or 'none'}")
+    for name, value in installed_tasks().items():
+        try:
+            factory = task_factory(name)
+        except ConfigError as e:
+            typer.echo(f"  {name}: installed ({value}), cannot be loaded: {first_line(e)}")
+            continue
+        doc = (inspect.getdoc(factory) or "").split("\n")[0]
+        typer.echo(f"  {name}: installed ({value}): {doc}\n      options: {_options(factory) or 'none'}")
     typer.echo("\nreward sources ([reward] source = ..., with its options):")
+    for name, value in installed_sources().items():
+        try:
+            load_installed(name)
+        except ConfigError as e:
+            typer.echo(f"  {name}: installed ({value}), cannot be loaded: {first_line(e)}")
     for name, src in REWARDS.items():
         typer.echo(f"  {name}: {src.summary}\n      options: {_options(src.build) or 'none'}")
     typer.echo("\nalgorithms ([algo] name = ...):")
@@ -143,6 +161,44 @@ def tasks() -> None:
         fields = {k: f for k, f in cfg.model_fields.items() if k != "name"}
         typer.echo(f"  {cfg.model_fields['name'].default}: " + "; ".join(
             f"{k}={f.default!r} ({f.description})" for k, f in fields.items()))
+
+
+@app.command()
+def serve(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir (checkpoints/step_N), or 'tiny' "
+                                                    "for a freshly built tiny model")],
+          port: Annotated[int, typer.Option(help="TCP port; 0 = any free port")] = 8765,
+          name: Annotated[str, typer.Option(help="the model name /v1/models lists and clients send")] = "policy",
+          host: Annotated[str, typer.Option(help="interface to bind; anything but loopback exposes the policy, "
+                                                 "unauthenticated, to the network")] = "127.0.0.1") -> None:
+    """Serve a policy as an OpenAI-compatible endpoint: /v1/chat/completions (streamed or not), /v1/models and
+    /inference/v1/generate (token ids in, token ids and log-probs out). Needs the feedback extra."""
+    import tempfile
+
+    try:
+        from feedbackrl.serve import server
+        from feedbackrl.serve.openai_api import create_app
+    except ImportError as e:
+        _fail(f"feedbackrl serve needs FastAPI and uvicorn: pip install 'feedbackrl[feedback]' ({e})")
+    from transformers.utils import logging as hf_logging
+
+    from feedbackrl.models.load import load_policy, load_tokenizer
+    from feedbackrl.models.tiny import make_tiny
+
+    hf_logging.disable_progress_bar()
+    try:
+        sock = server.bind(host, port)
+    except server.ServeError as e:
+        _fail(str(e))
+    try:
+        path = str(make_tiny(tempfile.mkdtemp(prefix="feedbackrl-tiny-"))) if model == "tiny" else model
+        policy, tokenizer = load_policy(path), load_tokenizer(path)
+    except _user_errors() as e:
+        sock.close()
+        _fail(str(e))
+    if host not in server.LOOPBACK:
+        typer.echo(f"warning: serving on {host}, beyond this machine, with no authentication", err=True)
+    typer.echo(f"serving {model} as {name!r} on {server.url(sock)}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)
+    server.serve(create_app(policy.eval(), tokenizer, name), sock)
 
 
 @app.command()

@@ -163,7 +163,8 @@ def model_dirs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
 
 def leaf_node(name: str, dirs: dict[str, Path]) -> dict[str, Any]:
     nodes = {"regex": {"pattern": r"\d+"}, "learned": {"path": str(dirs["reward"])},
-             "cost": {"path": str(dirs["cost"])}, "code": {"allow_unsafe": True, "timeout_s": 5.0},
+             "cost": {"path": str(dirs["cost"])}, "python": {"function": "feedbackrl.envs.dataset:exact_match"},
+             "code": {"allow_unsafe": True, "timeout_s": 5.0},
              "weighted_sum": {"parts": {"a": {"source": "task"}}},
              "gate": {"gate": {"source": "task"}, "reward": {"source": "task"}},
              "value_weighted": {"reward": {"source": "task"}, "default_value": 0.5},

@@ -232,3 +232,70 @@ def test_history_tool_calls_render_with_object_arguments(tool_chat_tokenizer) ->
     client = TestClient(create_app(build_model(tool_chat_tokenizer, "tiny", seed=0), tool_chat_tokenizer))
     r = client.post("/v1/chat/completions", json={"messages": bad})
     assert r.status_code == 400 and "calc" in r.json()["detail"] and "not valid JSON" in r.json()["detail"]
+
+
+def _openai_client(app):
+    openai = pytest.importorskip("openai")
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://policy")
+    return openai.AsyncOpenAI(base_url="http://policy/v1", api_key="local", http_client=http), http
+
+
+def test_usage_chunk_when_the_client_asks_for_it(model, tokenizer) -> None:
+    app = create_app(model, tokenizer)
+
+    async def run() -> tuple[list, object]:
+        client, http = _openai_client(app)
+        full = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, seed=2)
+        stream = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, seed=2,
+                                                      stream=True, stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        await http.aclose()
+        return chunks, full
+
+    chunks, full = asyncio.run(run())
+    *body, last = chunks
+    assert last.choices == [] and last.usage is not None and all(c.usage is None for c in body)
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (
+        full.usage.prompt_tokens, full.usage.completion_tokens, full.usage.total_tokens)
+    assert last.usage.prompt_tokens == len("12+30=")  # one token per character, no special tokens added
+    assert "".join(c.choices[0].delta.content or "" for c in body) == full.choices[0].message.content
+    # without the option there is no usage chunk and no usage key
+    events = _events(TestClient(app), {"messages": MESSAGES, "max_tokens": 4, "stream": True})
+    assert all("usage" not in json.loads(e) for e in events[:-1])
+    bad = TestClient(app).post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True,
+                                                              "stream_options": {"include_usage": "often"}})
+    assert bad.status_code == 422
+
+
+def test_the_openai_client_reads_tool_calls_streamed_and_not(model, tokenizer, monkeypatch) -> None:
+    text = "calc(12+30)"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    def scripted(model, tokenizer, prompts, max_new_tokens, *args, **kwargs) -> Rollout:
+        c = torch.tensor([ids])
+        return Rollout(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long), c,
+                       torch.ones_like(c), torch.full(c.shape, -0.5), [text], torch.tensor([False]))
+
+    monkeypatch.setattr(openai_api, "generate", scripted)
+    app = create_app(model, tokenizer)
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+
+    async def run() -> tuple[object, list]:
+        client, http = _openai_client(app)
+        full = await client.chat.completions.create(model="policy", messages=MESSAGES, tools=tools)
+        stream = await client.chat.completions.create(model="policy", messages=MESSAGES, tools=tools, stream=True,
+                                                      stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        await http.aclose()
+        return full, chunks
+
+    full, chunks = asyncio.run(run())
+    choice = full.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert (call.function.name, json.loads(call.function.arguments)) == ("calc", {"input": "12+30"})
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == "calc" and deltas[0].id.startswith("call_")
+    assert json.loads("".join(d.function.arguments for d in deltas)) == {"input": "12+30"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens == len(ids)

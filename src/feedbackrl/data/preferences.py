@@ -161,6 +161,18 @@ def _messages(value: list[Any] | tuple[Any, ...], key: str) -> Messages:
     return out
 
 
+def parse_messages(value: Any, name: str) -> Messages:
+    """A column holding a conversation: a list of ``{"role": str, "content": str}`` messages (other keys are
+    dropped); a ValueError naming the column and the bad message otherwise."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError(f"column {name!r} must be a non-empty list of {{role, content}} messages, got "
+                         f"{type(value).__name__} {value!r:.80}")
+    try:
+        return _messages(value, name)
+    except _BadRow as e:
+        raise ValueError(str(e)) from None
+
+
 def render_simple(messages: Messages, add_generation_prompt: bool) -> str:
     """The documented fallback chat template (see the module docstring)."""
     text = "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages)

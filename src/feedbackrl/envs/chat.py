@@ -2,7 +2,9 @@
 
 `ChatTask(task, tokenizer, system_prompt)` hands out the wrapped task's problems with
 `prompt = render_prompt(tokenizer, original prompt, system_prompt)` and the original text kept in
-`meta["raw_prompt"]`; verdicts, feedback, difficulty and state are the wrapped task's. Wrapping the
+`meta["raw_prompt"]`; verdicts, feedback, difficulty and state are the wrapped task's. A problem that
+carries its conversation (`meta["messages"]`, a chat-format dataset row, ending with the user turn) is
+rendered whole, after a `system_prompt` turn unless it has a system turn of its own. Wrapping the
 task (rather than each caller) renders every prompt the same way at rollout, eval and SFT.
 Demonstrations end with the template's end-of-turn text, so SFT teaches the model to stop.
 """
@@ -28,7 +30,13 @@ class ChatTask(Task):
         self._heldout: list[Problem] = []
 
     def _render(self, problem: Problem) -> Problem:
-        prompt = render_prompt(self.tokenizer, problem.prompt, self.system_prompt)
+        convo = problem.meta.get("messages")
+        if convo:
+            head = [] if convo[0]["role"] == "system" or not self.system_prompt else \
+                [{"role": "system", "content": self.system_prompt}]
+            prompt = self.tokenizer.apply_chat_template([*head, *convo], tokenize=False, add_generation_prompt=True)
+        else:
+            prompt = render_prompt(self.tokenizer, problem.prompt, self.system_prompt)
         return dataclasses.replace(problem, prompt=prompt, meta={**problem.meta, "raw_prompt": problem.prompt})
 
     def sample(self, rng: random.Random) -> Problem:

@@ -12,6 +12,15 @@ named `constraints` holds the row's instruction constraints (a list of specs suc
 `{"id": "no_commas"}`, or its JSON text): they are validated at load and read by the `constraints`
 reward source of a recipe's `[reward]` section, beside the row's answer.
 
+Chat-format rows: with `messages_field` (e.g. "messages") a row holds a conversation, a list of
+``{"role", "content"}`` messages (checked as preference pairs check theirs, `data/preferences.py`). Its
+last user turn is the prompt: `Problem.prompt` is that turn's text and `meta["messages"]` the conversation
+up to it (system and earlier turns included), which `envs/chat.py` renders with the model's chat template.
+An assistant turn after it is the row's reference reply: the SFT demonstration (unless `demo_field` names
+another column) and, when the row has no `answer_field` value (absent or null), the gold answer too. Without a chat
+template (`model.chat_template = "off"`, or a tokenizer without one) the prompt is the last user turn's
+text alone, earlier turns left out.
+
 Verifiers, chosen by name in `VERIFIERS`: "exact" (stripped string equality), "math"
 (`rewards.math.MathVerifier`) and "code" (`rewards.code.CodeVerifier`: the answer column holds
 the tests, as a dict or JSON text). `verifier_options` go to the verifier's constructor.
@@ -33,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedbackrl.data.preferences import parse_messages
 from feedbackrl.data.rows import DatasetError, read_rows, source_label
 from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
@@ -124,6 +134,7 @@ class DatasetTask(Task):
     demo_field: str | None = None
     split: str | None = None
     verify_workers: int = 4
+    messages_field: str | None = None
     _train: list[Problem] = field(init=False, repr=False)
     _heldout: list[Problem] = field(init=False, repr=False)
     _demos: dict[int, str] = field(init=False, repr=False, default_factory=dict)
@@ -146,22 +157,40 @@ class DatasetTask(Task):
         if not self._train:
             raise DatasetError(f"{label}: no training rows left after holding out {n_held}")
 
-    def _problem(self, i: int, row: dict[str, Any], label: str) -> Problem:
-        missing = [f for f in (self.prompt_field, self.answer_field) if f not in row]
-        if missing:
-            raise DatasetError(f"{label}: row {i} has no column {missing[0]!r}; "
-                               f"its columns are {sorted(row)}. Set task.options.prompt_field / "
-                               "answer_field to map your columns.")
+    def _chat_problem(self, i: int, row: dict[str, Any], label: str) -> Problem:
+        """A `messages_field` row: the last user turn is the prompt, an assistant turn after it the reply."""
+        where = f"{label}: row {i}"
+        if self.messages_field not in row:
+            raise DatasetError(f"{where} has no column {self.messages_field!r}; its columns are {sorted(row)}. Check "
+                               "task.options.messages_field.")
+        try:
+            msgs = parse_messages(row[self.messages_field], self.messages_field)
+        except ValueError as e:
+            raise DatasetError(f"{where}: {e}") from None
+        users = [j for j, m in enumerate(msgs) if m["role"] == "user"]
+        if not users or not msgs[users[-1]]["content"].strip():
+            raise DatasetError(f"{where} column {self.messages_field!r} has no (non-empty) user turn to prompt with; "
+                               f"roles: {[m['role'] for m in msgs]}")
+        last = users[-1]
+        reply = msgs[last + 1]["content"] if last + 1 < len(msgs) and msgs[last + 1]["role"] == "assistant" else None
+        answer = row.get(self.answer_field)  # None (absent, or null in a Parquet/datasets column): the reply
+        answer = reply if answer is None else answer
+        if answer is None:
+            raise DatasetError(f"{where} has no column {self.answer_field!r} and no assistant reply after its last "
+                               f"user turn to take as the answer; its columns are {sorted(row)}")
+        why = check_answer(self.verifier, answer)
+        if why:
+            raise DatasetError(f"{where}: the answer {why} (verifier {self.verifier!r})")
+        if reply is not None and not self.demo_field:
+            self._demos[i] = reply
+        meta = self._meta(i, row, label)
+        return Problem(msgs[last]["content"], answer, {**meta, "messages": msgs[: last + 1]})
+
+    def _meta(self, i: int, row: dict[str, Any], label: str) -> dict[str, Any]:
         extra = [f for f in [*self.meta_fields, *([self.demo_field] if self.demo_field else [])] if f not in row]
         if extra:
             raise DatasetError(f"{label}: row {i} has no column {extra[0]!r}; its columns are {sorted(row)}. "
                                "Check task.options.meta_fields / demo_field.")
-        if not isinstance(row[self.prompt_field], str) or not row[self.prompt_field]:
-            raise DatasetError(f"{label}: row {i} column {self.prompt_field!r} must be a non-empty string")
-        why = check_answer(self.verifier, row[self.answer_field])
-        if why:
-            raise DatasetError(f"{label}: row {i} column {self.answer_field!r} {why} "
-                               f"(verifier {self.verifier!r}; columns {sorted(row)})")
         if self.demo_field:
             demo = row[self.demo_field]
             if not isinstance(demo, str) or not demo:
@@ -170,7 +199,23 @@ class DatasetTask(Task):
         meta = {"row": i, **{f: row[f] for f in self.meta_fields}}
         if "constraints" in meta:
             meta["constraints"] = _constraint_specs(meta["constraints"], f"{label}: row {i} column 'constraints'")
-        return Problem(row[self.prompt_field], row[self.answer_field], meta)
+        return meta
+
+    def _problem(self, i: int, row: dict[str, Any], label: str) -> Problem:
+        if self.messages_field:
+            return self._chat_problem(i, row, label)
+        missing = [f for f in (self.prompt_field, self.answer_field) if f not in row]
+        if missing:
+            raise DatasetError(f"{label}: row {i} has no column {missing[0]!r}; "
+                               f"its columns are {sorted(row)}. Set task.options.prompt_field / "
+                               "answer_field to map your columns.")
+        if not isinstance(row[self.prompt_field], str) or not row[self.prompt_field]:
+            raise DatasetError(f"{label}: row {i} column {self.prompt_field!r} must be a non-empty string")
+        why = check_answer(self.verifier, row[self.answer_field])
+        if why:
+            raise DatasetError(f"{label}: row {i} column {self.answer_field!r} {why} "
+                               f"(verifier {self.verifier!r}; columns {sorted(row)})")
+        return Problem(row[self.prompt_field], row[self.answer_field], self._meta(i, row, label))
 
     def sample(self, rng: random.Random) -> Problem:
         return self._train[rng.randrange(len(self._train))]
@@ -184,8 +229,9 @@ class DatasetTask(Task):
         return self._heldout[:n]
 
     def demonstrate(self, problem: Problem, rng: random.Random) -> str:
-        """The row's `demo_field`, else the gold answer itself (exact and math verifiers only)."""
-        if self.demo_field:
+        """The row's `demo_field` (or a chat row's reference reply), else the gold answer itself (exact and math
+        verifiers only)."""
+        if problem.meta["row"] in self._demos:
             return self._demos[problem.meta["row"]]
         if self.verifier == "code":
             raise DatasetError("verifier 'code' has tests, not completions, as answers: set task.options.demo_field "

@@ -9,6 +9,10 @@
 - calculator_addition: `calculator.CalculatorAdditionTask` (episodes with a calculator tool)
 - guess_number: `guess.GuessNumberTask` (episodes: find a hidden number from higher/lower feedback)
 - verifiers: `verifiers_env.VerifiersTask` (a `verifiers` library environment, in its own virtualenv)
+
+Beyond these, `name` may point at user code, ``"package.module:Class"`` or ``"path/to/file.py:Class"``
+(a class or factory called with `[task.options]`, returning a `Task`), or be the name of an entry point of
+group ``feedbackrl.tasks`` that an installed package declares (`feedbackrl.plugins`). Built-in names win.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from feedbackrl import plugins
 from feedbackrl.config import ConfigError, TaskConfig
 from feedbackrl.envs.adaptive import adaptive_addition, adaptive_reasoning_gym, adaptive_reverse
 from feedbackrl.envs.base import Task
@@ -58,10 +63,37 @@ def allowed_options(factory: Callable[..., Any]) -> set[str] | None:
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "name"}
 
 
+TASK_MEMBERS = ("name", "sample", "heldout", "verify", "verify_batch", "observe", "difficulty", "state_dict",
+                "load_state_dict")
+
+
+def installed_tasks() -> dict[str, str]:
+    """Tasks installed packages declare (entry point group `feedbackrl.tasks`) that the registry does not
+    already hold, by name -> the object they refer to (nothing is imported)."""
+    return {name: ep.value for name, ep in plugins.entry_points(plugins.TASK_GROUP).items() if name not in TASKS}
+
+
+def task_factory(name: str) -> Callable[..., Any]:
+    """What `task.name` names: a registry entry, user code (``module:Class``, ``file.py:Class``) or an
+    installed entry point; a ConfigError listing what exists otherwise."""
+    if name in TASKS:
+        return TASKS[name]
+    if plugins.is_reference(name):
+        factory = plugins.load_object(name, "task.name")
+    elif name in installed_tasks():
+        factory = plugins.load_entry_point(plugins.TASK_GROUP, name, "task.name")
+    else:
+        installed = sorted(installed_tasks())
+        raise ConfigError(f"task.name: unknown task {name!r}; known tasks: {sorted(TASKS)}"
+                          + (f", installed: {installed}" if installed else "")
+                          + "; your own task class: 'package.module:Class' or 'path/to/file.py:Class'")
+    if not callable(factory):
+        raise ConfigError(f"task.name = {name!r} names a {type(factory).__name__}, not a task class or factory")
+    return factory
+
+
 def make_task(cfg: TaskConfig) -> Task:
-    if cfg.name not in TASKS:
-        raise ConfigError(f"task.name: unknown task {cfg.name!r}; known tasks: {sorted(TASKS)}")
-    factory = TASKS[cfg.name]
+    factory = task_factory(cfg.name)
     allowed = allowed_options(factory)
     if allowed is not None:
         unknown = sorted(set(cfg.options) - allowed)
@@ -69,11 +101,17 @@ def make_task(cfg: TaskConfig) -> Task:
             raise ConfigError(f"task.options: unknown option(s) {unknown} for task {cfg.name!r}; "
                               f"allowed: {sorted(allowed)}")
     try:
-        return factory(**cfg.options)
+        task = factory(**cfg.options)
     except DatasetError:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"task.options for {cfg.name!r}: {e}") from None
+    missing = [m for m in TASK_MEMBERS if not hasattr(task, m)]  # user code: the loop calls every one
+    if missing:
+        raise ConfigError(f"task.name = {cfg.name!r} built a {type(task).__name__} without {missing}: subclass "
+                          "feedbackrl.envs.base.Task, which gives the defaults of every part but name, "
+                          "sample(rng), heldout(n) and verify(problem, completion)")
+    return task
 
 
 def register_task(name: str, factory: Callable[..., Any]) -> None:

@@ -38,11 +38,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, ValidationError, create_model
 
+from feedbackrl import plugins
 from feedbackrl.config import ConfigError
 from feedbackrl.rewards import instructions
 from feedbackrl.rewards.combine import Gate, ValueWeighted, WeightedSum
 from feedbackrl.rewards.format import RegexFormat, TagFormat
 from feedbackrl.rewards.judge import judge_source
+from feedbackrl.rewards.python_fn import Signature, TRLFormat, python_reward
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict
 
 if TYPE_CHECKING:
@@ -161,6 +163,30 @@ def _check_instruction(constraint_id: str, path: str, **params: Any) -> None:
     instructions.load_constraint({"id": constraint_id, **params}, where="source")
 
 
+def _python(ctx: Context, *, function: str, signature: Signature = "completion",
+            score_range: tuple[float, float] = (0.0, 1.0), pass_at: float | None = None,
+            trl_format: TRLFormat = "standard") -> BatchReward:
+    name = f"{function!r} ({ctx.path}.function)"
+    return python_reward(plugins.load_object(function, f"{ctx.path}.function"), name, signature=signature,
+                         score_range=score_range, pass_at=pass_at, trl_format=trl_format)
+
+
+def _check_python(path: str, *, function: str, **options: Any) -> None:
+    _python(Context(_never_batch, path), function=function, **options)  # imports and checks it; builds nothing else
+
+
+def _plugin(fn: Callable[..., Any], entry: str, ctx: Context, *, signature: Signature = "completion",
+            score_range: tuple[float, float] = (0.0, 1.0), pass_at: float | None = None,
+            trl_format: TRLFormat = "standard") -> BatchReward:
+    """A plain function an installed package registers (entry point group `feedbackrl.rewards`)."""
+    return python_reward(fn, f"{entry!r} ({ctx.path}.source, an installed entry point)", signature=signature,
+                         score_range=score_range, pass_at=pass_at, trl_format=trl_format)
+
+
+def _never_batch(problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
+    raise AssertionError("a reward is checked, not run, while a recipe is validated")
+
+
 # --- composites -----------------------------------------------------------------------------------
 
 
@@ -248,6 +274,8 @@ REWARDS: dict[str, Source] = {
     "learned": Source(_learned, "a reward model directory written by a reward_model run"),
     "cost": Source(_cost, "a cost model directory; score = 1 - calibrated cost, passes when predicted safe"),
     "judge": Source(judge_source, "an LLM judge on an OpenAI-compatible endpoint scoring a weighted rubric"),
+    "python": Source(_python, "your own function: function = 'package.module:name' or 'file.py:name' (sync or "
+                     "async; signature completion, batch or trl)", _check_python),
     "constraints": Source(_constraints, "the problem's own constraint specs (meta['constraints'])"),
     **{cid: Source(functools.partial(_instruction, cid), f"instruction check: {inspect.getdoc(fn)}",
                    functools.partial(_check_instruction, cid))
@@ -263,6 +291,29 @@ REWARDS: dict[str, Source] = {
 def register_reward(name: str, source: Source) -> None:
     """Add a source (e.g. a judge) under `name`; recipes can name it at once."""
     REWARDS[name] = source
+
+
+def installed_sources() -> dict[str, str]:
+    """Reward sources installed packages declare (entry point group `feedbackrl.rewards`) that the registry
+    does not already hold, by name -> the object they refer to (nothing is imported)."""
+    return {name: ep.value for name, ep in plugins.entry_points(plugins.REWARD_GROUP).items() if name not in REWARDS}
+
+
+def load_installed(name: str, path: str = "reward") -> Source:
+    """Load entry point `name` of group `feedbackrl.rewards` into the registry: a `Source` as it is, a plain
+    function as a python source (options signature, score_range, pass_at, trl_format)."""
+    obj = plugins.load_entry_point(plugins.REWARD_GROUP, name, f"{path}.source")
+    if isinstance(obj, Source):
+        source = obj
+    elif callable(obj):
+        doc = (inspect.getdoc(obj) or "").split("\n")[0]
+        source = Source(functools.partial(_plugin, obj, plugins.entry_points(plugins.REWARD_GROUP)[name].value),
+                        f"installed function: {doc or name}")
+    else:
+        raise ConfigError(f"{path}.source = {name!r}: its entry point refers to a {type(obj).__name__}, not a "
+                          "reward function or a feedbackrl.rewards.registry.Source")
+    REWARDS[name] = source
+    return source
 
 
 # --- validation and building ----------------------------------------------------------------------
@@ -303,8 +354,12 @@ def _split(node: Any, path: str) -> tuple[str, dict[str, Any]]:
     if "source" not in node:
         raise ConfigError(f"{path}.source: missing; known sources: {sorted(REWARDS)}")
     name = node["source"]
+    if name not in REWARDS and isinstance(name, str) and name in installed_sources():
+        load_installed(name, path)
     if name not in REWARDS:
-        raise ConfigError(f"{path}.source: unknown reward source {name!r}; known sources: {sorted(REWARDS)}")
+        hint = ("; for your own function use source = 'python' with function = " + repr(name)
+                if isinstance(name, str) and plugins.is_reference(name) else "")
+        raise ConfigError(f"{path}.source: unknown reward source {name!r}; known sources: {sorted(REWARDS)}{hint}")
     return name, {k: v for k, v in node.items() if k != "source"}
 
 

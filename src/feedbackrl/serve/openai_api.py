@@ -2,8 +2,10 @@
 
 `create_app(model, tokenizer)` returns a FastAPI app with `POST /v1/chat/completions`
 (non-streaming, and streaming as server-sent `chat.completion.chunk` events: a role delta,
-content deltas or `tool_calls` deltas, a final chunk with `finish_reason`, then `data: [DONE]`)
-and `GET /v1/models`. Sampling uses the same decode loop as training (`rollout/generate.py`);
+content deltas or `tool_calls` deltas, a final chunk with `finish_reason`, with
+`stream_options.include_usage` a usage chunk with empty `choices` as OpenAI sends it, then
+`data: [DONE]`) and `GET /v1/models`. `feedbackrl serve` (`server.py`) serves it.
+Sampling uses the same decode loop as training (`rollout/generate.py`);
 `logprobs: true` returns each sampled token's log-probability under the tempered distribution,
 the EOS token included (one finite value per completion token). `POST /inference/v1/generate` is
 vLLM's token-in/token-out route as the `renderers` client of `verifiers` calls it: `token_ids` and
@@ -78,6 +80,18 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
     tools: list[dict[str, Any]] | None = None
     seed: int | None = None
+    stream_options: StreamOptions | None = None
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: with `include_usage`, a last chunk (empty `choices`) carries the request's usage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
+ChatRequest.model_rebuild()
 
 
 class GenerateRequest(BaseModel):
@@ -212,12 +226,8 @@ def create_app(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model
             message = {"role": "assistant", "content": _content(turn), "tool_calls": _tool_calls(turn)}
         choice = {"index": 0, "message": message, "finish_reason": finish,
                   "logprobs": _logprobs(tokenizer, ids, lps) if req.logprobs else None}
-        usage = {"prompt_tokens": len(tokenizer(render_messages(tokenizer, req.messages, req.tools),
-                                                add_special_tokens=False)["input_ids"]),
-                 "completion_tokens": len(ids)}
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [choice], "usage": usage}
+                "choices": [choice], "usage": _usage(tokenizer, req, ids)}
 
     @app.post("/inference/v1/generate")
     def generate_tokens(req: GenerateRequest) -> dict[str, Any]:
@@ -253,12 +263,25 @@ def _generate_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                       "total_tokens": len(req.token_ids) + len(out)}}
 
 
+def _usage(tokenizer: PreTrainedTokenizerBase, req: ChatRequest, ids: list[int]) -> dict[str, int]:
+    prompt = len(tokenizer(render_messages(tokenizer, req.messages, req.tools), add_special_tokens=False)["input_ids"])
+    return {"prompt_tokens": prompt, "completion_tokens": len(ids), "total_tokens": prompt + len(ids)}
+
+
 def _chunks(tokenizer: PreTrainedTokenizerBase, cid: str, created: int, model_name: str, ids: list[int],
             lps: list[float], turn: Turn, finish: str, req: ChatRequest) -> Iterator[str]:
-    """Server-sent events: role delta, content (one chunk per token) or tool_calls deltas, finish_reason, [DONE]."""
+    """Server-sent events: role delta, content (one chunk per token) or tool_calls deltas, finish_reason, then
+    (with `stream_options.include_usage`, as OpenAI does) a chunk with empty `choices` and the usage, every
+    chunk before it carrying `"usage": null`; then [DONE]."""
+    with_usage = req.stream_options is not None and req.stream_options.include_usage
+
     def event(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> str:
-        chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
+        chunk: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                                 "model": model_name, "choices": [{"index": 0, "delta": delta,
+                                                                   "finish_reason": finish_reason,
+                                                                   "logprobs": logprobs}]}
+        if with_usage:
+            chunk["usage"] = None
         return f"data: {json.dumps(chunk)}\n\n"
 
     yield event({"role": "assistant", "content": ""})
@@ -274,4 +297,8 @@ def _chunks(tokenizer: PreTrainedTokenizerBase, cid: str, created: int, model_na
             piece = tokenizer.decode([i], skip_special_tokens=True)  # EOS (and a sampled pad) add no text
             yield event({"content": piece}, logprobs=_logprobs(tokenizer, [i], [lp]) if req.logprobs else None)
     yield event({}, finish)
+    if with_usage:
+        last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name, "choices": [],
+                "usage": _usage(tokenizer, req, ids)}
+        yield f"data: {json.dumps(last)}\n\n"
     yield "data: [DONE]\n\n"

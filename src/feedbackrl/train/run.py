@@ -50,6 +50,7 @@ from feedbackrl.models.load import ModelLoadError, load_policy, load_tokenizer, 
 from feedbackrl.models.policy import setup_policy
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.monitors.report import alerts_section
+from feedbackrl.rewards.registry import BatchReward
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
 from feedbackrl.train.collect import task_scorer
 from feedbackrl.train.context import Algorithm, OneProcess, Ranks, Run
@@ -288,17 +289,33 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
     return model, tokenizer, task, before
 
 
-def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
-    """Run the recipe into `out_dir`; with `resume`, continue from a checkpoint (SFT is not redone)."""
+def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None, task: Task | None = None,
+        reward: BatchReward | None = None) -> dict[str, Any]:
+    """Run the recipe into `out_dir`; with `resume`, continue from a checkpoint (SFT is not redone).
+
+    `task` and `reward` (the Python API, `train/api.py`) replace the task `[task]` names and the reward
+    `[reward]` describes with objects built in this process; they run in one process only."""
     entry, device, ckpt = check_run(cfg, resume)
+    if task is not None or reward is not None:
+        check_in_process(cfg)
     ranks, device = join_ranks(device, cfg.scale.learner, cfg.scale.dist_timeout_s)
     try:
         if not ranks.main:  # the other ranks train in step with rank 0, which evaluates and reports
             _train_on_rank(cfg, entry, out_dir, device, ckpt, ranks)
             return {}
-        return _run_main(cfg, entry, out_dir, device, ckpt, ranks)
+        return _run_main(cfg, entry, out_dir, device, ckpt, ranks, task, reward)
     finally:
         ranks.close()
+
+
+def check_in_process(cfg: RunConfig) -> None:
+    """A task or reward object lives in this process: no torchrun ranks or Ray workers can rebuild it."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("a task or reward object passed from Python runs in one process: launch without torchrun, "
+                          "or name them in the recipe ([task] name, [reward] source = 'python')")
+    if cfg.scale.uses_ray:
+        raise ConfigError("a task or reward object passed from Python runs in this process: set "
+                          "scale.rollout_workers = 0 and scale.reward_workers = 0, or name them in the recipe")
 
 
 def _train_on_rank(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.device, ckpt: Path | None,
@@ -322,15 +339,15 @@ def _train_on_rank(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: to
 
 
 def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.device, ckpt: Path | None,
-              ranks: Ranks) -> dict[str, Any]:
+              ranks: Ranks, task: Task | None = None, reward: BatchReward | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     out_dir = start_run(cfg, out_dir, ranks)
-    task = make_task(cfg.task)
-    reward = training_reward(cfg, task)
+    task = task if task is not None else make_task(cfg.task)
+    reward = reward if reward is not None else training_reward(cfg, task)
     proxy = cfg.algo.name == "dpo" or reward != task.verify_batch  # trained on something other than the verifier
     sink = make_sink(cfg, out_dir)
-    report: dict[str, Any] = {"task": cfg.task.name, "algo": cfg.algo.name,
-                              "reward": cfg.reward.model or cfg.reward.source or "verifier"}
+    named = cfg.reward.model or cfg.reward.source or ("verifier" if reward == task.verify_batch else "python")
+    report: dict[str, Any] = {"task": cfg.task.name, "algo": cfg.algo.name, "reward": named}
     if ranks.world > 1:
         report["data_parallel_ranks"] = ranks.world
         report["learner"] = cfg.scale.learner
