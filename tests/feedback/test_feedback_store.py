@@ -22,6 +22,7 @@ from feedbackrl.feedback.store import (
     Base,
     Conflict,
     FeedbackError,
+    Item,
     Label,
     Labeller,
     NotFound,
@@ -244,3 +245,25 @@ def test_core_import_does_not_load_the_web_stack():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_item_label_counts_follow_submits_skips_replays_and_undo(sessions):
+    """labels_count = active non-skip labels: what the queue compares with `overlap`."""
+    w = make_world(sessions)  # overlap 2
+    first, second = w.items1[:2]
+    with sessions() as s:
+        alice, bob, p1 = who(s, "alice"), who(s, "bob"), s.get(Project, w.p1)
+        L.submit(s, alice, p1, sub("a1", first, "a"))
+        L.submit(s, alice, p1, sub("a1", first, "a"))  # a replay counts nothing
+        L.submit(s, bob, p1, sub("b1", first, "tie"))
+        L.submit(s, alice, p1, sub("a2", second, "skip"))  # a skip does not count
+        with pytest.raises(Conflict):
+            L.submit(s, bob, p1, sub("b2", first, "b"))  # refused: counts nothing
+        counts = dict(s.execute(select(Item.id, Item.labels_count)).all())
+        assert (counts[first], counts[second]) == (2, 0)
+        assert L.queue_status(s, p1)["open_items"] == len(w.items1) - 1  # first is full (overlap 2)
+        L.undo(s, bob, p1)
+        L.undo(s, alice, p1)  # undoes the skip on `second`: still 0
+        L.undo(s, bob, p1)  # nothing left for bob: no change
+        counts = dict(s.execute(select(Item.id, Item.labels_count)).all())
+        assert (counts[first], counts[second]) == (1, 0)
