@@ -53,14 +53,18 @@ def _session(db: str) -> Iterator[Session]:
 @label_app.command()
 def serve(db: DbOption = DEFAULT_DB,
           host: Annotated[str, typer.Option(help="interface to bind; 0.0.0.0 exposes it to the network")] = "127.0.0.1",
-          port: Annotated[int, typer.Option(help="TCP port")] = 8000) -> None:
+          port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+          connections: Annotated[int, typer.Option(
+              envvar="FEEDBACKRL_DB_CONNECTIONS", min=1, max=1000,
+              help="database connections in the pool, and requests handled at once (one thread each); "
+                   "the pool may open 10 more")] = 40) -> None:
     """Run the labelling web app (migrates the database first)."""
     import uvicorn
 
     from feedbackrl.feedback.app import create_app
 
-    typer.echo(f"labelling app on http://{host}:{port}/ (database {db})")
-    uvicorn.run(create_app(db), host=host, port=port, log_level="warning")
+    typer.echo(f"labelling app on http://{host}:{port}/ (database {db}, {connections} connections)")
+    uvicorn.run(create_app(db, connections=connections), host=host, port=port, log_level="warning")
 
 
 @label_app.command("admin-token")

@@ -108,4 +108,4 @@ def test_twenty_concurrent_labellers_end_with_exactly_the_labels_sent(sessions, 
             select(Labeller.name, Label.submission_id, Label.item_id, Label.choice)
             .join(Labeller, Labeller.id == Label.labeller_id))}
     assert len(sent) == LABELLERS * LABELS_EACH and stored == {**sent, (name, "burst"): (item, "b")}, report
-    assert sorted(burst) == [(200, False)] * (LABELLERS - 1) + [(201, True)]
+    assert sorted(burst) == [(200, False)] * (LABELLERS - 1) + [(201, True)], burst

@@ -10,7 +10,7 @@ import sys
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from conftest import count_rows, make_world, pair_rows
+from conftest import BACKENDS, count_rows, make_world, pair_rows
 from sqlalchemy import select, text
 
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
@@ -22,13 +22,16 @@ from feedbackrl.feedback.store import (
     Base,
     Conflict,
     FeedbackError,
+    Item,
     Label,
     Labeller,
     NotFound,
     Project,
     authenticate,
     create_labeller,
+    make_engine,
     rotate_token,
+    upgrade,
 )
 
 
@@ -44,7 +47,7 @@ def test_migrated_schema_matches_the_models(sessions):
     with sessions() as s:
         diffs = compare_metadata(MigrationContext.configure(s.connection()), Base.metadata)
         version = s.scalar(text("SELECT version_num FROM alembic_version"))
-    assert diffs == [] and version == "0001"
+    assert diffs == [] and version == "0002"
 
 
 def test_tokens_are_stored_hashed_and_rotate(sessions):
@@ -244,3 +247,55 @@ def test_core_import_does_not_load_the_web_stack():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_item_label_counts_follow_submits_skips_replays_and_undo(sessions):
+    """labels_count = active non-skip labels: what the queue compares with `overlap`."""
+    w = make_world(sessions)  # overlap 2
+    first, second = w.items1[:2]
+    with sessions() as s:
+        alice, bob, p1 = who(s, "alice"), who(s, "bob"), s.get(Project, w.p1)
+        L.submit(s, alice, p1, sub("a1", first, "a"))
+        L.submit(s, alice, p1, sub("a1", first, "a"))  # a replay counts nothing
+        L.submit(s, bob, p1, sub("b1", first, "tie"))
+        L.submit(s, alice, p1, sub("a2", second, "skip"))  # a skip does not count
+        with pytest.raises(Conflict):
+            L.submit(s, bob, p1, sub("b2", first, "b"))  # refused: counts nothing
+        counts = dict(s.execute(select(Item.id, Item.labels_count)).all())
+        assert (counts[first], counts[second]) == (2, 0)
+        assert L.queue_status(s, p1)["open_items"] == len(w.items1) - 1  # first is full (overlap 2)
+        L.undo(s, bob, p1)
+        L.undo(s, alice, p1)  # undoes the skip on `second`: still 0
+        L.undo(s, bob, p1)  # nothing left for bob: no change
+        counts = dict(s.execute(select(Item.id, Item.labels_count)).all())
+        assert (counts[first], counts[second]) == (1, 0)
+
+
+@pytest.fixture(params=BACKENDS)
+def fresh_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A database with no schema at all (the shared PostgreSQL one is already at head)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'old.db'}"
+    return request.getfixturevalue("pg_factory")()
+
+
+def test_migration_0002_counts_the_labels_already_stored(fresh_url):
+    engine = make_engine(fresh_url)
+    upgrade(engine, "0001")
+    now = "2026-01-01 00:00:00+00:00"
+    with engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO projects VALUES (1, 'p', 'pairwise', 3, '', '{now}')"))
+        for who in (1, 2, 3):
+            conn.execute(text(f"INSERT INTO labellers VALUES ({who}, 'l{who}', '{who:064d}', false, '{now}')"))
+        for item in (1, 2, 3):
+            conn.execute(text(f"""INSERT INTO items VALUES ({item}, 1, 'q', '["x", "y"]', '{{}}', '{now}')"""))
+        # item 1: two labels and an undone one; item 2: a skip only; item 3: nothing
+        for n, (item, who, choice, undone) in enumerate([(1, 1, "a", None), (1, 2, "b", None), (1, 3, "a", now),
+                                                         (2, 1, "skip", None)]):
+            undone_sql = f"'{undone}'" if undone else "NULL"
+            conn.execute(text(f"INSERT INTO labels VALUES ({n + 1}, 1, {item}, {who}, 's{n}', '{choice}', NULL, NULL, "
+                              f"'{now}', {undone_sql})"))
+    upgrade(engine)
+    with engine.connect() as conn:
+        assert dict(conn.execute(text("SELECT id, labels_count FROM items")).all()) == {1: 2, 2: 0, 3: 0}
+    engine.dispose()

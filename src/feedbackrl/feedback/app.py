@@ -12,19 +12,25 @@ cross-site form, 404 unknown or foreign project/item/label, 409
 conflict (submission id reused for a different label, item already labelled), 413 body too
 large, 422 a well-formed request with a bad value (wrong choice for the item's kind, an id out of
 range, a NUL byte or lone surrogate in text, metadata nested too deep, no JSON Content-Type, ...).
+A 503 (database unreachable, or no pooled connection within the pool timeout) stored nothing and
+may be retried.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
+import anyio.to_thread
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from feedbackrl.feedback import labels as L
@@ -154,21 +160,49 @@ def _install_errors(app: FastAPI) -> None:
         # a race the checks before the write could not see (e.g. two admins creating one name)
         return JSONResponse({"error": f"conflicting concurrent write, nothing stored: {exc.orig}"}, status_code=409)
 
+    @app.exception_handler(PoolTimeout)
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(request: Request, exc: Exception) -> Response:
+        # no connection within the pool timeout, or the database went away mid-request: the
+        # transaction was rolled back, so the client may retry (a submit with the same submission_id)
+        reason = exc.orig if isinstance(exc, OperationalError) else exc
+        return JSONResponse({"error": f"database unavailable, nothing stored; retry: {reason}"}, status_code=503,
+                            headers={"Retry-After": "1"})
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         status, message = _validation_message(exc)
         return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(db_url: str | None = None, sessions: sessionmaker[Session] | None = None) -> FastAPI:
-    """The app for `db_url` (migrated to head on creation), or for an open session factory."""
+def request_threads(sessions: sessionmaker[Session]) -> int | None:
+    """How many requests may run at once: the engine's pool size (None for a pool without one)."""
+    size = getattr(sessions.kw["bind"].pool, "size", None)
+    return size() if callable(size) else None
+
+
+def create_app(db_url: str | None = None, sessions: sessionmaker[Session] | None = None,
+               connections: int | None = None) -> FastAPI:
+    """The app for `db_url` (migrated to head on creation, a pool of `connections`), or for an open
+    session factory. It runs as many requests at once as the pool has connections (see `store.make_engine`)."""
     from feedbackrl.feedback.pages import router as pages
+
+    sessions = sessions if sessions is not None else open_db(db_url or "feedback.db", connections=connections)
+    threads = request_threads(sessions)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Sync handlers run on anyio's default thread limiter (40 threads). One thread per pooled
+        # connection: more threads would only queue on the pool, fewer would leave connections idle.
+        if threads is not None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        yield
 
     # strict_content_type (FastAPI >= 0.132, also the default there): a JSON body without a JSON
     # Content-Type is refused, so a cross-site "simple" request cannot post JSON.
     app = FastAPI(title="feedbackrl labelling", docs_url="/api/docs", openapi_url="/api/openapi.json",
-                  strict_content_type=True)
-    app.state.sessions = sessions if sessions is not None else open_db(db_url or "feedback.db")
+                  strict_content_type=True, lifespan=lifespan)
+    app.state.sessions = sessions
     app.add_middleware(BodyLimit, limit=BODY_LIMIT)
     app.add_middleware(SecurityHeaders)  # outermost: its headers are on every response, 413s included
     _install_errors(app)

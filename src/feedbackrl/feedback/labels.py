@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from itertools import combinations
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, cast, func, select
+from sqlalchemy import BigInteger, and_, cast, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -107,6 +107,9 @@ def submit(s: Session, who: Labeller, project: Project, sub: Submission) -> tupl
                   choice=sub.choice, ranking=sub.ranking, reason=sub.reason or None)
     s.add(label)
     try:
+        s.flush()  # the insert first: a replay or a second label on the item stops here, counting nothing
+        if sub.choice != "skip":
+            s.execute(update(Item).where(Item.id == item.id).values(labels_count=Item.labels_count + 1))
         s.commit()
     except IntegrityError:
         # Either a concurrent retry of this submission won the race, or the labeller already has an
@@ -135,6 +138,8 @@ def undo(s: Session, who: Labeller, project: Project, label_id: int | None = Non
             return None
     if label.retracted_at is None:
         label.retracted_at = datetime.now(UTC)
+        if label.choice != "skip":
+            s.execute(update(Item).where(Item.id == label.item_id).values(labels_count=Item.labels_count - 1))
         s.commit()
     return label_dict(label)
 
@@ -147,21 +152,14 @@ def last_label(s: Session, who: Labeller, project: Project) -> Label | None:
 # --- the queue --------------------------------------------------------------------------------
 
 
-def _counted() -> Any:
-    """Active non-skip labels per item: what counts towards `overlap`."""
-    return (select(Label.item_id, func.count().label("n"))
-            .where(Label.retracted_at.is_(None), Label.choice != "skip").group_by(Label.item_id).subquery())
+def _open_items(who: Labeller, project: Project) -> Any:
+    """Select of the items this labeller may label next: short of `overlap` and not labelled by them.
 
-
-def _open_items(who: Labeller, project: Project) -> tuple[Any, Any]:
-    """(select of items this labeller may label next, labels-so-far column)."""
-    counted = _counted()
+    Reads `Item.labels_count` (indexed with the project), so the cost follows the open items, not
+    every label ever stored."""
     mine = select(Label.id).where(Label.item_id == Item.id, Label.labeller_id == who.id,
                                   Label.retracted_at.is_(None)).exists()
-    n = func.coalesce(counted.c.n, 0)
-    query = (select(Item).outerjoin(counted, counted.c.item_id == Item.id)
-             .where(Item.project_id == project.id, ~mine, n < project.overlap))
-    return query, n
+    return select(Item).where(Item.project_id == project.id, Item.labels_count < project.overlap, ~mine)
 
 
 def next_item(s: Session, who: Labeller, project: Project, prefer: int | None = None) -> Item | None:
@@ -170,18 +168,18 @@ def next_item(s: Session, who: Labeller, project: Project, prefer: int | None = 
     The shuffle (a hash of item and labeller ids) keeps concurrent labellers off the same item
     without locks; `prefer` (e.g. the item just undone) wins when it is still open.
     """
-    query, n = _open_items(who, project)
+    query = _open_items(who, project)
     if prefer is not None:
         item = s.scalar(query.where(Item.id == prefer))
         if item is not None:
             return item
     spread = (cast(Item.id, BigInteger) * 7919 + who.id * 104729) % 10007
-    return s.scalar(query.order_by(n, spread, Item.id).limit(1))
+    return s.scalar(query.order_by(Item.labels_count, spread, Item.id).limit(1))
 
 
 def progress(s: Session, who: Labeller, project: Project) -> dict[str, Any]:
     """Counts for the labeller's progress bar, plus agreement with others on shared items."""
-    query, _ = _open_items(who, project)
+    query = _open_items(who, project)
     remaining = s.scalar(select(func.count()).select_from(query.subquery()))
     mine = s.execute(select(Label.choice, func.count()).where(
         Label.labeller_id == who.id, Label.project_id == project.id, Label.retracted_at.is_(None))
@@ -197,10 +195,8 @@ def progress(s: Session, who: Labeller, project: Project) -> dict[str, Any]:
 def queue_status(s: Session, project: Project) -> dict[str, int]:
     """Project-wide counts for whoever refills the queue: items, items still short of `overlap`
     non-skip labels (open), active labels, and the highest label id (a cursor for `labelled_pairs`)."""
-    counted = _counted()
-    n = func.coalesce(counted.c.n, 0)
-    open_items = s.scalar(select(func.count()).select_from(Item).outerjoin(counted, counted.c.item_id == Item.id)
-                          .where(Item.project_id == project.id, n < project.overlap))
+    open_items = s.scalar(select(func.count()).select_from(Item).where(Item.project_id == project.id,
+                                                                       Item.labels_count < project.overlap))
     items = s.scalar(select(func.count()).select_from(Item).where(Item.project_id == project.id))
     labels, last_id = s.execute(select(func.count(), func.coalesce(func.max(Label.id), 0)).where(
         Label.project_id == project.id, Label.retracted_at.is_(None))).one()

@@ -115,6 +115,7 @@ class Project(Base):
 
 class Item(Base):
     __tablename__ = "items"
+    __table_args__ = (Index("ix_items_queue", "project_id", "labels_count"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
@@ -122,6 +123,8 @@ class Item(Base):
     responses: Mapped[list[str]] = mapped_column(JSON)  # 2 (pairwise), k >= 2 (ranking) or 1 (accept_reject)
     meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # active non-skip labels, what counts towards `overlap`; submit and undo keep it in their transaction
+    labels_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Labeller(Base):
@@ -207,14 +210,46 @@ def _create_private(url: str) -> None:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
-def make_engine(db: str) -> Engine:
+CONNECTIONS_ENV = "FEEDBACKRL_DB_CONNECTIONS"
+DEFAULT_CONNECTIONS = 40  # anyio's default thread count: the most sync requests the app runs at once
+POOL_HEADROOM = 10  # connections beyond `connections` for work outside the request threads (e.g. startup)
+POOL_TIMEOUT_S = 30
+
+
+def pool_connections(connections: int | None = None) -> int:
+    """The connection pool size: `connections`, else $FEEDBACKRL_DB_CONNECTIONS, else 40."""
+    if connections is None:
+        raw = os.environ.get(CONNECTIONS_ENV, "").strip()
+        if not raw:
+            return DEFAULT_CONNECTIONS
+        if not raw.isdigit():
+            raise FeedbackError(f"{CONNECTIONS_ENV}={raw!r:.40} is not a whole number; set it to 1..1000 "
+                                f"(default {DEFAULT_CONNECTIONS})")
+        connections = int(raw)
+    if not 1 <= connections <= 1000:
+        raise FeedbackError(f"database connections must be in 1..1000 (--connections or {CONNECTIONS_ENV}); "
+                            f"got {connections}")
+    return connections
+
+
+def make_engine(db: str, connections: int | None = None) -> Engine:
+    """Engine for `db` with a pool of `connections` (see `pool_connections`) plus POOL_HEADROOM.
+
+    The app runs each request on one of `connections` threads and a request holds one connection
+    while it runs, so no request waits for the pool; `pool_timeout` bounds the wait anyway (the app
+    answers 503 past it). `pool_pre_ping` replaces connections the database closed (a restart).
+    """
     url = normalize_url(db)
+    pool = {"pool_size": pool_connections(connections), "max_overflow": POOL_HEADROOM,
+            "pool_timeout": POOL_TIMEOUT_S, "pool_pre_ping": True}
     if url.startswith("sqlite"):
         _create_private(url)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        if make_url(url).database in (None, "", ":memory:"):
+            pool = {}  # one in-memory database per connection: SQLAlchemy picks a singleton pool
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
         _sqlite_pragmas(engine)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=30, pool_pre_ping=True)
+    return create_engine(url, **pool)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -229,9 +264,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
-def open_db(db: str, migrate: bool = True) -> sessionmaker[Session]:
-    """Engine for `db` (URL or SQLite path), migrated to head; returns a session factory."""
-    engine = make_engine(db)
+def open_db(db: str, migrate: bool = True, connections: int | None = None) -> sessionmaker[Session]:
+    """Engine for `db` (URL or SQLite path, a pool of `connections`), migrated to head; returns a session factory."""
+    engine = make_engine(db, connections)
     if migrate:
         upgrade(engine)
     return sessionmaker(engine, expire_on_commit=False)
