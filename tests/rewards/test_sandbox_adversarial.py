@@ -734,6 +734,24 @@ def test_undecidable_tests_fail_unless_allowed_inside_the_sandbox(verifier: Code
     assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
 
 
+@pytest.mark.parametrize("test", [
+    "assert all(map(lambda case: add(*case[0]) == case[1], [((1, 2), 3), ((2, 2), 4)]))",
+    "def check(candidate):\n    for got, want in zip(map(candidate, [1, 2], [2, 2]), [3, 4]):\n"
+    "        assert got == want\ncheck(add)",
+    "assert [x for x in iter(lambda: add(1, 2), 3)] == []",
+], ids=["all-of-map", "loop-over-map", "iter-sentinel"])
+@pytest.mark.parametrize("stop", ["StopIteration", "StopAsyncIteration"])
+def test_a_program_raising_stop_iteration_ends_no_test_loop(verifier: CodeVerifier, test: str, stop: str) -> None:
+    # Raised out of a call that map() or iter(f, sentinel) makes, StopIteration would end the
+    # test's iteration early, as if every case had passed; it comes to the test as RuntimeError.
+    verdict = verifier(Problem("", {"asserts": [test]}), f"def add(a, b):\n    raise {stop}\n")
+    assert verdict.score == 0.0, verdict.details
+    entry = verdict.details["tests"][0]
+    assert (entry["reason"], entry["decided"]) == ("runtime_error", "judge"), entry
+    assert entry["detail"] == f"RuntimeError: {stop}, raised by the program", entry
+    assert verifier(Problem("", {"asserts": [test]}), GOLD_ADD).score == 1.0
+
+
 # ------------------------------------------------------------------ judges started ahead of their job
 
 

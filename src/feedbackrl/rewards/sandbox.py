@@ -47,6 +47,9 @@ Mechanisms, each closing a hole:
   True, a patched `math.isclose` or `math.pi` (whether the test imports `math` or names the
   program's) or a fake module in `sys.modules` changes nothing the judge sees, and a reply
   forged through frames, `gc` or `sys.settrace` is only a value the program could have returned.
+  A builtin exception the program raises reaches the test as itself, but StopIteration (and
+  StopAsyncIteration) comes as RuntimeError: out of a call that `map` or `iter(f, sentinel)`
+  makes, it would end the test's loop early, as if every case had passed.
   The runner is a fresh interpreter (execve), so the tests' literals are in none of its memory;
   it cannot read the judge's (another uid).
 
