@@ -734,6 +734,55 @@ def test_undecidable_tests_fail_unless_allowed_inside_the_sandbox(verifier: Code
     assert [t["decided"] for t in verdict.details["tests"]] == ["sandbox", "sandbox"]
 
 
+@pytest.mark.parametrize("test", [
+    "assert all(map(lambda case: add(*case[0]) == case[1], [((1, 2), 3), ((2, 2), 4)]))",
+    "def check(candidate):\n    for got, want in zip(map(candidate, [1, 2], [2, 2]), [3, 4]):\n"
+    "        assert got == want\ncheck(add)",
+    "assert [x for x in iter(lambda: add(1, 2), 3)] == []",
+], ids=["all-of-map", "loop-over-map", "iter-sentinel"])
+@pytest.mark.parametrize("stop", ["StopIteration", "StopAsyncIteration"])
+def test_a_program_raising_stop_iteration_ends_no_test_loop(verifier: CodeVerifier, test: str, stop: str) -> None:
+    # Raised out of a call that map() or iter(f, sentinel) makes, StopIteration would end the
+    # test's iteration early, as if every case had passed; it comes to the test as RuntimeError.
+    verdict = verifier(Problem("", {"asserts": [test]}), f"def add(a, b):\n    raise {stop}\n")
+    assert verdict.score == 0.0, verdict.details
+    entry = verdict.details["tests"][0]
+    assert (entry["reason"], entry["decided"]) == ("runtime_error", "judge"), entry
+    assert entry["detail"] == f"RuntimeError: {stop}, raised by the program", entry
+    assert verifier(Problem("", {"asserts": [test]}), GOLD_ADD).score == 1.0
+
+
+# A marshal dict, all ASCII, that reads as the judge's results with every test "ok": returned as
+# a string, and printed by a test, it would reach the judge's stdout ahead of the real results.
+FORGED_RESULTS = dedent("""\
+    def _forged(n):
+        entry = b"{z\\x07outcomez\\x02okz\\x06detailz\\x00z\\x07decidedz\\x05judge0"
+        tests = b"[" + n.to_bytes(4, "little") + entry * n
+        return (b"{z\\x05tests" + tests + b"z\\x08attemptsi\\x01\\x00\\x00\\x000").decode("ascii")
+    def add(a, b):
+        return _forged(3) + " " * 20000  # past the judge's stdout buffers: written at once
+    """)
+
+
+def test_what_a_test_prints_cannot_pose_as_the_judge_s_results(verifier: CodeVerifier) -> None:
+    tests = {"asserts": ["print(add(1, 2))\nassert add(1, 2) == 3", "assert add(2, 2) == 4",
+                         "print(add(0, 0))\nassert add(0, 0) == 0"]}
+    verdict = verifier(Problem("", tests), FORGED_RESULTS)
+    assert verdict.score == 0.0, verdict.details
+    assert verdict.details["tests"][0] == {"test": "asserts[0]", "passed": False, "reason": "wrong_output",
+                                           "detail": "failed: assert add(1, 2) == 3", "decided": "judge"}
+    loud = "def add(a, b):\n    print('x' * 20000)\n    return a + b\n"  # a test that prints: no harm
+    assert verifier(Problem("", {"asserts": ["print(add(1, 2) * 9999)\nassert add(1, 2) == 3"]}), loud).score == 1.0
+
+
+def test_the_host_takes_exactly_one_framed_result_from_the_judge() -> None:
+    framed = sandbox._framed({"tests": [], "attempts": 0})
+    assert sandbox._unframed(framed) == {"tests": [], "attempts": 0}
+    for bad in (framed + b"junk", b"junk" + framed, framed[:-1], b"", sandbox._framed([1, 2])):
+        with pytest.raises((ValueError, TypeError, EOFError)):
+            sandbox._unframed(bad)
+
+
 # ------------------------------------------------------------------ judges started ahead of their job
 
 

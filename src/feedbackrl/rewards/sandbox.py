@@ -47,6 +47,12 @@ Mechanisms, each closing a hole:
   True, a patched `math.isclose` or `math.pi` (whether the test imports `math` or names the
   program's) or a fake module in `sys.modules` changes nothing the judge sees, and a reply
   forged through frames, `gc` or `sys.settrace` is only a value the program could have returned.
+  A builtin exception the program raises reaches the test as itself, but StopIteration (and
+  StopAsyncIteration) comes as RuntimeError: out of a call that `map` or `iter(f, sentinel)`
+  makes, it would end the test's loop early, as if every case had passed. What a test prints (a
+  value the program returned, say) goes to /dev/null: the judge sends its results on a private
+  copy of its stdout, framed, and the host takes exactly one framed result, so no output can pose
+  as them.
   The runner is a fresh interpreter (execve), so the tests' literals are in none of its memory;
   it cannot read the judge's (another uid).
 
@@ -197,10 +203,20 @@ def run_program(code: str, *, inputs: list[str] | None = None, tests: list[str] 
         leaked = judge.close()
     leaked += _kill_uid(judge.uid) if os.geteuid() == 0 else 0
     try:
-        return marshal.loads(out) | {"leaked": leaked}
+        return _unframed(out) | {"leaked": leaked}
     except (EOFError, ValueError, TypeError):
         tail = err[-500:].decode(errors="replace")
         return {"error": f"sandbox failed (exit {proc.returncode}): {tail}", "leaked": leaked}
+
+
+def _unframed(out: bytes) -> dict:
+    """The judge's results: one length-prefixed marshal dict, and nothing before or after it."""
+    if len(out) < 4 or int.from_bytes(out[:4], "big") != len(out) - 4:
+        raise ValueError(f"the judge's output is not one framed result ({len(out)} bytes)")
+    result = marshal.loads(out[4:])
+    if type(result) is not dict:
+        raise TypeError(f"the judge's result is a {type(result).__name__}, not a dict")
+    return result
 
 
 def _framed(value: object) -> bytes:

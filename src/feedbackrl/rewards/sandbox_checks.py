@@ -20,6 +20,10 @@ import sys
 # Exceptions a program's reply may name that a test may catch: the builtin ones, rebuilt here.
 _CATCHABLE = {name: cls for name, cls in vars(builtins).items()
               if isinstance(cls, type) and issubclass(cls, Exception)}
+# ... but not the ones that end an iteration: raised out of a call that `map`, `filter` or
+# `iter(f, sentinel)` makes, StopIteration would end the test's loop (or make `all(map(...))`
+# True) as if every case had passed. They come as RuntimeError, as PEP 479 does for generators.
+_CATCHABLE["StopIteration"] = _CATCHABLE["StopAsyncIteration"] = RuntimeError
 _DIED = {"MemoryError": "memory", "SystemExit": "early_exit"}
 # Standard-library modules the judge never imports for a test that names them without importing
 # them: they print (the judge's stdout carries its results), open a browser or a window.

@@ -2,8 +2,9 @@
 
 Started by `sandbox.run_program` as `unshare ... python -I -S -B -c "...; sandbox_judge.main()"`
 (imported, not run as a script, so its bytecode is cached), with our directory as the first line
-of stdin and then the job (a marshal dict); writes {"tests": [...], "attempts": n} (marshal) to
-stdout. The judge runs only our code, as root: it builds the job's root (`sandbox_fs`), then
+of stdin and then the job (a marshal dict); writes {"tests": [...], "attempts": n} (a 4-byte
+length and marshal) to stdout, which nothing else in the judge writes to (a test's `print` goes
+to /dev/null). The judge runs only our code, as root: it builds the job's root (`sandbox_fs`), then
 starts one runner per attempt (fork, lock down, execve a fresh interpreter running
 `sandbox_harness`). io tests: the runner reads stdin and the judge collects its output. Assert
 tests: the judge runs each test itself (`sandbox_checks`), sending the runner one request per
@@ -461,6 +462,12 @@ def main() -> None:
     if sys.argv[1:] == [PROBE_FLAG]:
         os.write(1, marshal.dumps(probe_main(sandbox_fs.Libc())))
         return
+    # The results go to the host on a private copy of fd 1; fd 1 itself (where a test's `print`
+    # lands, with whatever the program returned) goes nowhere, so no test output can pose as them.
+    results_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
     stdin = sys.stdin.buffer
     setup = _read_framed(stdin)
     cgroup = sandbox_cgroup.open_job(setup["cgroup"]) if setup["cgroup"] else None  # before the host is hidden
@@ -472,6 +479,8 @@ def main() -> None:
     judge.job(_read_framed(stdin))
     results = judge.run()
     judge.finish_spare()
-    sys.stdout.buffer.write(marshal.dumps({"tests": results, "attempts": judge.attempts}))
-    sys.stdout.buffer.flush()
+    data = marshal.dumps({"tests": results, "attempts": judge.attempts})
+    view = memoryview(len(data).to_bytes(4, "big") + data)  # framed: the host takes exactly this
+    while view:
+        view = view[os.write(results_fd, view):]
     os._exit(0)  # every runner is reaped; the interpreter's clean-up would only delay the host
