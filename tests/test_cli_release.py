@@ -30,7 +30,7 @@ def _run_dir(tmp_path: Path, report: dict | None = None) -> Path:
 
 def test_release_merges_the_decision_into_the_report(tmp_path):
     run = _run_dir(tmp_path, {"task": "reverse", "eval_after": {"accuracy": 0.5}})
-    costs = _costs_file(run / "safety_eval.jsonl", COSTS, {"scenario": "benign", "completion": "x"})
+    costs = _costs_file(run / "safety_eval.jsonl", COSTS, {"prompt": "p", "completion": "x"})
     res = runner.invoke(app, ["release", str(run), "--threshold", "1.25"])
     assert res.exit_code == 0, res.output
     assert "released" in res.output and "1.21328" in res.output
@@ -121,3 +121,39 @@ def test_release_leaves_an_unreadable_report_alone(tmp_path):
 def test_release_needs_a_threshold(tmp_path):
     res = runner.invoke(app, ["release", str(_run_dir(tmp_path))])
     assert res.exit_code == 2 and "--threshold" in res.output
+
+
+def test_release_adds_violation_and_refusal_rates_when_the_rows_carry_them(tmp_path):
+    run = _run_dir(tmp_path, {"algo": "grpo"})
+    rows = ([{"cost": 1.0, "scenario": "extraction", "violated": True, "harmful": True, "refused": False}]
+            + [{"cost": 0.0, "scenario": "extraction", "violated": False, "harmful": True, "refused": True}] * 3
+            + [{"cost": 0.0, "scenario": "benign", "violated": False, "harmful": False, "refused": r}
+               for r in (True, False, False, False)])
+    (run / "safety_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = runner.invoke(app, ["release", str(run), "--threshold", "0.5"])
+    # costs (1, 0 x 7): mean 0.125, std sqrt((0.875^2 + 7 * 0.125^2) / 7) = 0.353553, t_{0.9,7} = 1.414924
+    # -> U = 0.125 + 1.414924 * 0.353553 / sqrt 8 = 0.301866 < 0.5: released
+    assert res.exit_code == 0, res.output
+    assert "extraction: violation rate 0.250 [0.046, 0.699] (n 4)" in res.output  # Wilson 1/4, test_safety.py
+    assert "over refusal: 0.250 [0.046, 0.699] (n 4)" in res.output
+    report = json.loads((run / "report.json").read_text())
+    assert report["algo"] == "grpo" and report["release"]["released"]
+    assert report["release"]["bound"] == pytest.approx(0.301866, abs=1e-6)
+    rates = report["safety"]["violation_rates"]
+    assert rates["by_scenario"]["benign"]["events"] == 0 and rates["overall"]["n"] == 8
+    assert report["safety"]["refusals"]["harmful_compliance"]["events"] == 1
+
+
+@pytest.mark.parametrize("rows, match", [
+    pytest.param([{"cost": 0.0, "scenario": "a", "violated": False}, {"cost": 0.0}],
+                 "row 2 lacks 'scenario' or 'violated'", id="scenario-on-one-row-only"),
+    pytest.param([{"cost": 0.0, "scenario": "a", "violated": "no"}], "violated must be true or false",
+                 id="violated-not-a-boolean"),
+    pytest.param([{"cost": 0.0, "harmful": True}], "row 1 lacks 'harmful' or 'refused'", id="harmful-without-refused"),
+])
+def test_release_rejects_partial_safety_labels(tmp_path, rows, match):
+    run = _run_dir(tmp_path)
+    (run / "safety_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = runner.invoke(app, ["release", str(run), "--threshold", "0.5"])
+    assert res.exit_code == 2 and match in res.output, res.output
+    assert not (run / "report.json").exists()

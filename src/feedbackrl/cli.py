@@ -178,10 +178,15 @@ def release(run_dir: Annotated[Path, typer.Argument(help="the run's output direc
     from feedbackrl.train.release import ReleaseError, release_run
 
     try:
-        decision = release_run(run_dir, threshold=threshold, delta=delta, costs=costs)
+        decision, safety = release_run(run_dir, threshold=threshold, delta=delta, costs=costs)
     except (ReleaseError, DatasetError) as e:
         _fail(str(e))
     typer.echo(decision.reason)
+    for scenario, r in safety.get("violation_rates", {}).get("by_scenario", {}).items():
+        typer.echo(f"  {scenario}: violation rate {r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (n {r['n']})")
+    for name, r in safety.get("refusals", {}).items():
+        if r:
+            typer.echo(f"  {name.replace('_', ' ')}: {r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (n {r['n']})")
     raise typer.Exit(0 if decision.released else 1)
 
 

@@ -7,8 +7,13 @@ decision into RUN_DIR/report.json under `release`, keeping every other key.
 
 Costs file (`safety_eval.jsonl` in the run directory, or any file given with `--costs`): one JSON
 object per line with a numeric `cost` (what the cost source gave that completion; lower is safer).
-Other keys are kept for other readers (`scenario`, `prompt`, `completion`, `violated`, ...). The run
-path does not write this file yet: produce it with your own evaluation and pass it with `--costs`.
+Optional keys, all or none of the rows carrying them:
+- `scenario` (a non-empty string) with `violated` (true/false): the violation rate per scenario with
+  its 95% Wilson interval goes into report.json under `safety.violation_rates`;
+- `harmful` (was the prompt one to refuse) with `refused` (true/false): over-refusal and harmful
+  compliance go under `safety.refusals`.
+Other keys (`prompt`, `completion`, ...) are ignored. The run path does not write this file yet:
+produce it with your own evaluation and pass it with `--costs`.
 
 The decision records the costs file and its SHA-256, so a report says which evaluation it rests on.
 A run resumed after `release` rewrites report.json at its end: run `release` again then.
@@ -25,6 +30,7 @@ from typing import Any
 
 from feedbackrl.algos.confidence import ReleaseDecision, release_test
 from feedbackrl.data.rows import read_jsonl
+from feedbackrl.monitors.safety import refusal_rates, violation_rates
 
 SAFETY_EVAL_FILE = "safety_eval.jsonl"
 REPORT_FILE = "report.json"
@@ -34,27 +40,52 @@ class ReleaseError(ValueError):
     """A release that cannot be decided as asked; the message names the file or value and the fix."""
 
 
-def read_costs(path: Path) -> list[float]:
-    """The `cost` of every row of a costs JSONL file (format in the module docstring)."""
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a costs JSONL file, each checked to hold a finite number in `cost`."""
     if not path.is_file():
         raise ReleaseError(f"{path} does not exist. Runs do not write {SAFETY_EVAL_FILE} yet: evaluate the model "
                            f"on a held-out safety set and give the file with --costs FILE.jsonl, one "
                            f'{{"cost": NUMBER}} object per line')
     rows: list[Any] = read_jsonl(path)
-    costs = []
     for i, row in enumerate(rows, start=1):
         value = row.get("cost") if isinstance(row, dict) else None
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             got = f"cost {value!r}" if isinstance(row, dict) and "cost" in row else f"no 'cost' key ({str(row)[:80]})"
             raise ReleaseError(f"{path}: row {i} needs a finite number in 'cost', got {got}")
-        costs.append(float(value))
-    if not costs:
+    if not rows:
         raise ReleaseError(f"{path} has no rows: the release test needs the cost of every completion of the held-out "
                            f"safety set")
-    return costs
+    return rows
 
 
-def _merge_into_report(report_path: Path, section: dict[str, Any]) -> None:
+def _pairs(rows: list[dict[str, Any]], keys: tuple[str, str], path: Path) -> list[tuple[Any, Any]] | None:
+    """(row[a], row[b]) for every row when any row has key a, else None; a row missing either is an error."""
+    a, b = keys
+    if not any(a in row for row in rows):
+        return None
+    for i, row in enumerate(rows, start=1):
+        if a not in row or b not in row:
+            raise ReleaseError(f"{path}: row {i} lacks {a!r} or {b!r}; when one row has {a!r}, every row needs "
+                               f"both {a!r} and {b!r}")
+    return [(row[a], row[b]) for row in rows]
+
+
+def safety_summary(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:
+    """`violation_rates` and `refusals` from the rows' optional keys (module docstring); {} when they have none."""
+    out: dict[str, Any] = {}
+    violations = _pairs(rows, ("scenario", "violated"), path)
+    refusals = _pairs(rows, ("harmful", "refused"), path)
+    try:
+        if violations is not None:
+            out["violation_rates"] = violation_rates(violations).to_dict()
+        if refusals is not None:
+            out["refusals"] = {k: r and r.to_dict() for k, r in refusal_rates(refusals).items()}
+    except ValueError as e:  # "record i" counts from 0; the file's rows from 1
+        raise ReleaseError(f"{path}: {e} (record i is row i + 1)") from None
+    return out
+
+
+def _merge_into_report(report_path: Path, sections: dict[str, Any]) -> None:
     report: Any = {}
     if report_path.exists():
         try:
@@ -64,23 +95,28 @@ def _merge_into_report(report_path: Path, section: dict[str, Any]) -> None:
                                f"fix or move it and run release again") from None
         if not isinstance(report, dict):
             raise ReleaseError(f"{report_path} holds a {type(report).__name__}, not a JSON object; left as it is")
-    report["release"] = section
+    report.update(sections)
     tmp = report_path.with_name(report_path.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2), encoding="utf-8")
     os.replace(tmp, report_path)  # never a half-written report
 
 
-def release_run(run_dir: Path, threshold: float, delta: float, costs: Path | None = None) -> ReleaseDecision:
-    """Decide on RUN_DIR's model from `costs` (default RUN_DIR/safety_eval.jsonl); write report.json's `release`."""
+def release_run(run_dir: Path, threshold: float, delta: float, costs: Path | None = None
+                ) -> tuple[ReleaseDecision, dict[str, Any]]:
+    """Decide on RUN_DIR's model from `costs` (default RUN_DIR/safety_eval.jsonl); write report.json's `release`
+    (and `safety` when the rows carry scenarios or refusals). Returns the decision and the `safety` section."""
     if not run_dir.is_dir():
         raise ReleaseError(f"{run_dir} is not a directory: give the run's output directory (the one with report.json)")
     costs_path = costs if costs is not None else run_dir / SAFETY_EVAL_FILE
-    values = read_costs(costs_path)
+    rows = read_rows(costs_path)
     try:
-        decision = release_test(values, threshold=threshold, delta=delta)
+        decision = release_test([row["cost"] for row in rows], threshold=threshold, delta=delta)
     except ValueError as e:
         raise ReleaseError(str(e)) from None
+    safety = safety_summary(rows, costs_path)
     sha = hashlib.sha256(costs_path.read_bytes()).hexdigest()
-    _merge_into_report(run_dir / REPORT_FILE, {**decision.to_dict(), "costs_file": str(costs_path),
-                                               "costs_sha256": sha})
-    return decision
+    sections = {"release": {**decision.to_dict(), "costs_file": str(costs_path), "costs_sha256": sha}}
+    if safety:
+        sections["safety"] = safety
+    _merge_into_report(run_dir / REPORT_FILE, sections)
+    return decision, safety
