@@ -1,8 +1,8 @@
 """Constrained policy optimisation: a cost signal kept under a threshold by a Lagrange multiplier.
 
 The problem is max_theta J_R(theta) subject to J_C(theta) = E[cost] <= d (the threshold). Safe RLHF
-(Dai et al. 2023, "Safe RLHF: Safe Reinforcement Learning from Human Feedback", section 3.3, eqs.
-10-12) solves its Lagrangian dual min_theta max_{lambda >= 0} -J_R + lambda (J_C - d) by
+(Dai et al. 2023, "Safe RLHF: Safe Reinforcement Learning from Human Feedback", section 3.3)
+solves its Lagrangian dual min_theta max_{lambda >= 0} -J_R + lambda (J_C - d) by
 alternating a policy step on the combined advantage
 
     A = (A_r - lambda * A_c) / (1 + lambda)                                    `combined_advantages`
@@ -36,7 +36,7 @@ Departures, shared by both updates:
   a large lambda drives the combined advantage towards -A_c and stops reward learning altogether.
   PID caps the integral term too (anti-windup): I stops at lambda_max / K_I.
 - The plain update is one step of SGD on log lambda with its own rate `lr`, the reference
-  trainer's optimiser (the paper writes the same step, eq. 12); the state is plain Python floats so
+  trainer's optimiser (the paper writes the same step); the state is plain Python floats so
   a checkpoint holds it bit-exactly (`to_dict` / `from_dict`).
 """
 
