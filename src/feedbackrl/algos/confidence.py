@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from statistics import NormalDist
 
 import torch
@@ -75,6 +76,7 @@ def student_t_sf(t: float, df: int) -> float:
     return max(0.0, (1.0 - inside) / 2)
 
 
+@lru_cache(maxsize=256)  # a release or a coverage check asks for the same few (p, df) many times
 def student_t_quantile(p: float, df: int) -> float:
     """t with P(T <= t) = p, for p in (0, 1) and integer `df` >= 1 (bisection on `student_t_sf`)."""
     _check_df(df)
