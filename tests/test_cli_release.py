@@ -75,6 +75,7 @@ def test_release_with_one_cost_writes_a_null_bound(tmp_path):
     pytest.param('{"cost": "low"}\n', "got cost 'low'", id="string-cost"),
     pytest.param('{"cost": true}\n', "got cost True", id="boolean-cost"),
     pytest.param('{"cost": NaN}\n', "got cost nan", id="nan-cost"),
+    pytest.param('{"cost": 1' + '0' * 400 + '}\n', "row 1 needs a finite number", id="integer-beyond-float"),
     pytest.param('[0.1]\n', "row 1 needs", id="not-an-object"),
     pytest.param('{"cost": 0.1\n', "line 1 is not valid JSON", id="bad-json"),
 ])

@@ -40,17 +40,27 @@ class ReleaseError(ValueError):
     """A release that cannot be decided as asked; the message names the file or value and the fix."""
 
 
+def _finite_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # a JSON integer beyond float range
+        return False
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a costs JSONL file, each checked to hold a finite number in `cost`."""
     if not path.is_file():
-        raise ReleaseError(f"{path} does not exist. Runs do not write {SAFETY_EVAL_FILE} yet: evaluate the model "
-                           f"on a held-out safety set and give the file with --costs FILE.jsonl, one "
-                           f'{{"cost": NUMBER}} object per line')
+        raise ReleaseError(f"{path} does not exist or is not a file. Runs do not write {SAFETY_EVAL_FILE} yet: "
+                           f"evaluate the model on a held-out safety set and give the file with --costs FILE.jsonl, "
+                           f'one {{"cost": NUMBER}} object per line')
     rows: list[Any] = read_jsonl(path)
     for i, row in enumerate(rows, start=1):
         value = row.get("cost") if isinstance(row, dict) else None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            got = f"cost {value!r}" if isinstance(row, dict) and "cost" in row else f"no 'cost' key ({str(row)[:80]})"
+        if not _finite_number(value):
+            has_cost = isinstance(row, dict) and "cost" in row
+            got = f"cost {value!r}"[:80] if has_cost else f"no 'cost' key ({str(row)[:80]})"
             raise ReleaseError(f"{path}: row {i} needs a finite number in 'cost', got {got}")
     if not rows:
         raise ReleaseError(f"{path} has no rows: the release test needs the cost of every completion of the held-out "
