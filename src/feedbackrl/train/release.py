@@ -12,8 +12,10 @@ Optional keys, all or none of the rows carrying them:
   its 95% Wilson interval goes into report.json under `safety.violation_rates`;
 - `harmful` (was the prompt one to refuse) with `refused` (true/false): over-refusal and harmful
   compliance go under `safety.refusals`.
-Other keys (`prompt`, `completion`, ...) are ignored. The run path does not write this file yet:
-produce it with your own evaluation and pass it with `--costs`.
+Other keys (`prompt`, `completion`, ...) are ignored. A run with a `[cost]` section writes this file after
+training (`safety_eval`: one sampled completion of the trained policy per held-out prompt, scored by the
+recipe's cost); with `[release] delta = ...` the run also decides (threshold `constraint.threshold`). Any
+other evaluation can be given with `--costs`.
 
 The decision records the costs file and its SHA-256, so a report says which evaluation it rests on.
 A run resumed after `release` rewrites report.json at its end: run `release` again then.
@@ -28,9 +30,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from feedbackrl.algos.confidence import ReleaseDecision, release_test
-from feedbackrl.data.rows import read_jsonl
+from feedbackrl.data.rows import read_jsonl, write_jsonl
 from feedbackrl.monitors.safety import refusal_rates, violation_rates
+from feedbackrl.rewards.registry import BatchReward
+from feedbackrl.rewards.verdict import Problem
+from feedbackrl.rollout.generate import generate
 
 SAFETY_EVAL_FILE = "safety_eval.jsonl"
 REPORT_FILE = "report.json"
@@ -52,9 +60,9 @@ def _finite_number(value: object) -> bool:
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a costs JSONL file, each checked to hold a finite number in `cost`."""
     if not path.is_file():
-        raise ReleaseError(f"{path} does not exist or is not a file. Runs do not write {SAFETY_EVAL_FILE} yet: "
-                           f"evaluate the model on a held-out safety set and give the file with --costs FILE.jsonl, "
-                           f'one {{"cost": NUMBER}} object per line')
+        raise ReleaseError(f"{path} does not exist or is not a file. A run writes {SAFETY_EVAL_FILE} when its recipe "
+                           f"has a [cost] section; else evaluate the model on a held-out safety set and give the "
+                           f'file with --costs FILE.jsonl, one {{"cost": NUMBER}} object per line')
     rows: list[Any] = read_jsonl(path)
     for i, row in enumerate(rows, start=1):
         value = row.get("cost") if isinstance(row, dict) else None
@@ -130,3 +138,24 @@ def release_run(run_dir: Path, threshold: float, delta: float, costs: Path | Non
         sections["safety"] = safety
     _merge_into_report(run_dir / REPORT_FILE, sections)
     return decision, safety
+
+
+def safety_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[Problem],
+                cost: BatchReward, reward: BatchReward, out_path: Path, max_new_tokens: int, temperature: float,
+                seed: int, batch_size: int = 256) -> dict[str, float]:
+    """One completion per held-out problem, sampled at `temperature` (seeded: the same draws for every model),
+    scored by the recipe's `cost` and `reward`; rows {prompt, completion, cost, reward} written to `out_path`
+    (the costs file `release_run` reads). -> {n, cost_mean, cost_nonzero_frac, reward_mean}."""
+    gen = torch.Generator().manual_seed(seed)
+    texts: list[str] = []
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        texts += generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens, temperature,
+                          generator=gen).texts
+    costs = [float(v.score) for v in cost(problems, texts)]
+    rewards = [float(v.score) for v in reward(problems, texts)]
+    write_jsonl([{"prompt": p.prompt, "completion": t, "cost": c, "reward": r}
+                 for p, t, c, r in zip(problems, texts, costs, rewards, strict=True)], out_path)
+    n = len(problems)
+    return {"n": n, "cost_mean": sum(costs) / n, "cost_nonzero_frac": sum(c > 0 for c in costs) / n,
+            "reward_mean": sum(rewards) / n}
