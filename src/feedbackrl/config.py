@@ -194,13 +194,13 @@ class CostConfig(RewardConfig):
     def _check_sources(self) -> CostConfig:
         from feedbackrl.rewards.registry import check_reward  # here: rewards builds on this module
 
+        check_reward(self, "cost")
         if not (self.model or self.source):
             raise ValueError("cost: name a cost source (cost.source = ..., as in [reward]) or a cost model "
                              "(cost.model = DIR); an empty [cost] section measures nothing")
         if self.source == "cost":
             raise ValueError("cost.source = 'cost' turns a cost model into a reward (1 - cost); in [cost] give the "
                              "cost model as cost.model = DIR, whose score is the cost itself")
-        check_reward(self, "cost")
         return self
 
 
@@ -210,6 +210,9 @@ class ConstraintConfig(Section):
 
     threshold: float = Field(..., ge=0, allow_inf_nan=False, description=(
         "d: the most mean cost per completion allowed (the cost's own units; J_C <= d)"))
+    margin: float = Field(0.0, ge=0, allow_inf_nan=False, description=(
+        "the multiplier aims the mean cost at threshold - margin: room for the release test's upper bound, "
+        "which sits above the mean ([release]; HC-RLHF's pessimism, as a fixed margin)"))
     multiplier: Literal["lagrangian", "pid"] = Field("lagrangian", description=(
         "lagrangian: gradient ascent on log lambda (lr); pid: Stooke et al.'s PID on the violation (kp, ki, kd)"))
     lr: float = Field(0.1, gt=0, allow_inf_nan=False, description="lagrangian: the step size on log lambda")
@@ -231,6 +234,9 @@ class ConstraintConfig(Section):
         if self.multiplier == "lagrangian" and not self.init > 0:
             raise ValueError(f"constraint.init must be > 0 with multiplier = 'lagrangian' (lambda = exp(log lambda)), "
                              f"got {self.init}")
+        if self.margin > self.threshold:
+            raise ValueError(f"constraint.margin = {self.margin} is above constraint.threshold = {self.threshold}: "
+                             "the multiplier would aim at a negative cost")
         if self.init > self.cap:
             raise ValueError(f"constraint.init = {self.init} is above constraint.cap = {self.cap}")
         return self

@@ -1,11 +1,12 @@
 """The `[constraint]` section in the on-policy loop: the Lagrange multiplier, its state, the combined advantage.
 
 Once per step the loop hands the batch's costs (`Batch.signals["cost"]`, from `[cost]`) to
-`Multiplier.update`, which takes one step of the recipe's multiplier (`algos.constrained`: Safe RLHF's
-gradient ascent on log lambda, or the PID-Lagrangian) from the windowed mean cost; then the step's
-advantages are `constrained_advantages`: the algorithm's own advantage (GRPO's group-relative, RLOO's
-leave-one-out) of the rewards and of the costs, combined as (A_r - lambda A_c) / (1 + lambda) with the
-lambda just updated (the order of Safe RLHF's reference trainer: multiplier first, then the policy).
+`Multiplier.update`, which takes one step of the recipe's multiplier aimed at threshold - margin
+(`algos.constrained`: Safe RLHF's gradient ascent on log lambda, or the PID-Lagrangian) from the
+windowed mean cost; then the step's advantages are `constrained_advantages`: the algorithm's own
+advantage (GRPO's group-relative, RLOO's leave-one-out) of the rewards and of the costs, combined as
+(A_r - lambda A_c) / (1 + lambda) with the lambda just updated (the order of Safe RLHF's reference
+trainer: multiplier first, then the policy).
 
 The multiplier's state is Python floats: `state_dict` goes into each checkpoint (`CONSTRAINT_FILE`) and
 `load_state_dict` puts it back bit for bit on resume and on a monitor's rollback.
@@ -50,12 +51,13 @@ class Multiplier:
     def update(self, costs: Tensor) -> dict[str, float]:
         """One multiplier step from this step's (N,) costs -> its stats (`constraint/lambda`, ...)."""
         c = self.cfg
+        target = c.threshold - c.margin
         if isinstance(self.state, LagrangeState):
-            self.state, stats = lagrange_update(self.state, costs, c.threshold, c.lr, c.window, c.delay, c.cap)
+            self.state, stats = lagrange_update(self.state, costs, target, c.lr, c.window, c.delay, c.cap)
         else:
-            self.state, stats = pid_lagrange_update(self.state, costs, c.threshold, c.kp, c.ki, c.kd, c.window,
-                                                    c.delay, c.cap)
-        return stats
+            self.state, stats = pid_lagrange_update(self.state, costs, target, c.kp, c.ki, c.kd, c.window, c.delay,
+                                                    c.cap)
+        return {**stats, "constraint/threshold": c.threshold}
 
     def state_dict(self) -> dict[str, Any]:
         return {"multiplier": self.cfg.multiplier, "state": self.state.to_dict()}

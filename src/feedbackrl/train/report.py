@@ -130,8 +130,11 @@ def _draw_cost(ax: Any, rl: list[dict[str, Any]]) -> None:
     steps = [r["step"] for r in rl]
     ax.plot(steps, [r["cost/mean"] for r in rl], color="C3", alpha=0.6, label="train cost (mean)")
     if "constraint/lambda" in rl[0]:
-        threshold = rl[0]["constraint/cost_window_mean"] - rl[0]["constraint/violation"]
+        threshold = rl[0]["constraint/threshold"]
+        target = rl[0]["constraint/cost_window_mean"] - rl[0]["constraint/violation"]
         ax.axhline(threshold, color="C3", linestyle=":", label=f"cost threshold {threshold:g}")
+        if target != threshold:
+            ax.axhline(target, color="C3", linestyle="-.", alpha=0.5, label=f"multiplier's target {target:.3g}")
         lam = ax.twinx()
         lam.plot(steps, [r["constraint/lambda"] for r in rl], color="C4", label="lambda (right axis)")
         lam.set_ylabel("Lagrange multiplier lambda")
