@@ -131,3 +131,20 @@ def test_cost_with_an_episodic_task_is_refused(tmp_path: Path):
     cfg = build_config({"task": {"name": "guess_number"}, "cost": {"source": "regex", "pattern": "a"}})
     with pytest.raises(ConfigError, match=r"\[cost\] with task.name = 'guess_number'"):
         run(cfg, tmp_path)
+
+
+def test_constrained_advantages_are_grpo_lagrangians_and_rloos_under_one_multiplier():
+    import torch
+
+    from feedbackrl.algos.advantages import group_advantages
+    from feedbackrl.algos.constrained import grpo_lagrangian_advantages
+    from feedbackrl.algos.rloo import rloo_advantages
+    from feedbackrl.train.constraint import constrained_advantages
+
+    r, c = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 0.0])
+    got, _ = constrained_advantages(group_advantages, r, c, 4, 0.5, True)
+    assert torch.equal(got, grpo_lagrangian_advantages(r, c, 4, 0.5)[0])
+    # RLOO by hand: r_i - mean of the other three; rewards (1, 0, 1, 0) -> (2/3, -2/3, 2/3, -2/3), costs alike
+    got, _ = constrained_advantages(rloo_advantages, r, c, 4, 0.5, False)
+    want = (torch.tensor([2, -2, 2, -2]) / 3 - 0.5 * torch.tensor([2, 2, -2, -2]) / 3) / 1.5
+    assert torch.allclose(got, want, rtol=0, atol=4 * torch.finfo(torch.float32).eps)
