@@ -190,6 +190,10 @@ class CostConfig(RewardConfig):
     or `model = DIR`, a cost model from a reward_model run with algo.kind = "cost" (its calibrated cost).
     Lower is safer. Logged as cost/mean; with `[constraint]` kept under a threshold (docs/safety.md)."""
 
+    model: str = Field("", description='a cost model dir (a reward_model run with algo.kind = "cost"); its '
+                       "calibrated cost is the score")
+    source: str = Field("", description="cost source name, a reward source as in [reward] whose score is the cost")
+
     @model_validator(mode="after")
     def _check_sources(self) -> CostConfig:
         from feedbackrl.rewards.registry import check_reward  # here: rewards builds on this module

@@ -148,3 +148,9 @@ def test_constrained_advantages_are_grpo_lagrangians_and_rloos_under_one_multipl
     got, _ = constrained_advantages(rloo_advantages, r, c, 4, 0.5, False)
     want = (torch.tensor([2, -2, 2, -2]) / 3 - 0.5 * torch.tensor([2, 2, -2, -2]) / 3) / 1.5
     assert torch.allclose(got, want, rtol=0, atol=4 * torch.finfo(torch.float32).eps)
+
+
+def test_a_reward_model_is_refused_as_the_cost_model(reward_model_dir: Path):
+    cfg = build_config({"cost": {"model": str(reward_model_dir)}})
+    with pytest.raises(ConfigError, match="holds a reward model; \\[cost\\] needs a cost model"):
+        training_cost(cfg, DigitAddition())

@@ -113,8 +113,15 @@ def training_reward(cfg: RunConfig, task: Task) -> BatchReward:
 
 def training_cost(cfg: RunConfig, task: Task) -> BatchReward | None:
     """The recipe's `[cost]` built by the same registry as `[reward]` (a source's score is the cost); None
-    without one."""
-    return None if cfg.cost is None else build_reward(cfg.cost, task.verify_batch, "cost")
+    without one. `cost.model` must hold a cost model (a reward model's score is no cost)."""
+    if cfg.cost is None:
+        return None
+    cost = build_reward(cfg.cost, task.verify_batch, "cost")
+    kind = getattr(getattr(getattr(cost, "__self__", None), "model", None), "kind", "cost")
+    if cfg.cost.model and kind != "cost":
+        raise ConfigError(f"cost.model = {cfg.cost.model!r} holds a {kind} model; [cost] needs a cost model (a "
+                          "reward_model run with algo.kind = 'cost'); a reward model goes in [reward]")
+    return cost
 
 
 def gold_scorer(reward: BatchReward, gold: GoldScore | None, cost: BatchReward | None = None) -> Scorer:
