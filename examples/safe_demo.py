@@ -16,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from feedbackrl.config import load_config
@@ -96,6 +97,9 @@ def plot(out: Path, png: Path, threshold: float) -> None:
                 mean = [sum(col) / len(col) for col in zip(*series[key], strict=True)]
                 ax.plot(range(1, len(mean) + 1), _smooth(mean), color=color, linewidth=2, label=label)
     axes[1].axhline(threshold, color="k", linestyle=":", label=f"threshold {threshold:g}")
+    c = load_config(SAFE).constraint
+    axes[1].axhline(c.threshold - c.margin, color="C1", linestyle="-.", alpha=0.6,
+                    label=f"multiplier's target {c.threshold - c.margin:.2f}")
     for ax, title in zip(axes, ("training reward (exact reversal)", "training cost (response has an 'a')",
                                 "Lagrange multiplier lambda"), strict=True):
         ax.set_title(title, fontsize=10)
@@ -103,8 +107,9 @@ def plot(out: Path, png: Path, threshold: float) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    fig.suptitle(f"reverse, 3 seeds, 10-step moving average; 2-core AMD EPYC, AVX2 only, shared; commit {commit}; "
-                 f"python examples/safe_demo.py --out runs/safe_demo", fontsize=9)
+    day = datetime.now(UTC).date().isoformat()
+    fig.suptitle(f"reverse, 3 seeds, 10-step moving average; {day}, 2-core AMD EPYC, AVX2 only, shared; "
+                 f"commit {commit}; python examples/safe_demo.py --out runs/safe_demo", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
 
