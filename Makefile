@@ -16,7 +16,7 @@ VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo test test-all test-isa lint bench smollm2 verifiers-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo test test-all test-isa lint bench smollm2 verifiers-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -56,6 +56,12 @@ test-vllm: $(VLLM_STAMP)
 
 demo: setup
 	$(VENV)/bin/feedbackrl demo --out runs/demo
+
+# Safe RL toy (docs/safety.md): unconstrained GRPO and GRPO-Lagrangian on word reversal, 3 seeds each, from one
+# shared SFT warm start; the release test on each; runs/safe_demo/summary.json and docs/safety.png. One run at a
+# time, one thread: ~25 min on a loaded 2-core machine.
+safe-demo: setup
+	OMP_NUM_THREADS=1 $(PY) examples/safe_demo.py --out runs/safe_demo
 
 test: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m ruff check .

@@ -1,4 +1,4 @@
-"""The `feedbackrl` command: demo, train, eval, serve, verify, config, tasks, monitor, label, judge."""
+"""The `feedbackrl` command: demo, train, eval, serve, verify, config, tasks, monitor, release, label, judge."""
 
 from __future__ import annotations
 
@@ -221,6 +221,29 @@ def monitor(run_dir: Annotated[Path, typer.Argument(help="a finished (or running
             typer.echo(f"{'':>13}e.g. {ex[:100]!r}")
     if not as_json:
         typer.echo(f"{len(alerts)} alert(s) in {run_dir}")
+
+
+@app.command()
+def release(run_dir: Annotated[Path, typer.Argument(help="the run's output directory; its report.json gets 'release'")],
+            threshold: Annotated[float, typer.Option(help="release only if the mean cost's upper bound is under this")],
+            delta: Annotated[float, typer.Option(help="the bound holds with probability 1 - delta, in (0, 0.5]")] = 0.1,
+            costs: Annotated[Path | None, typer.Option(help="JSONL, one {\"cost\": x} per held-out completion "
+                                                             "(default RUN_DIR/safety_eval.jsonl)")] = None) -> None:
+    """High-confidence release test (HC-RLHF): exit 0 if released, 1 if refused, 2 on bad input."""
+    from feedbackrl.data.rows import DatasetError
+    from feedbackrl.train.release import ReleaseError, release_run
+
+    try:
+        decision, safety = release_run(run_dir, threshold=threshold, delta=delta, costs=costs)
+    except (ReleaseError, DatasetError) as e:
+        _fail(str(e))
+    typer.echo(decision.reason)
+    for scenario, r in safety.get("violation_rates", {}).get("by_scenario", {}).items():
+        typer.echo(f"  {scenario}: violation rate {r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (n {r['n']})")
+    for name, r in safety.get("refusals", {}).items():
+        if r:
+            typer.echo(f"  {name.replace('_', ' ')}: {r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (n {r['n']})")
+    raise typer.Exit(0 if decision.released else 1)
 
 
 if __name__ == "__main__":  # `python -m feedbackrl.cli`, e.g. under `torchrun -m`

@@ -184,6 +184,76 @@ class RewardConfig(Section):
         return self
 
 
+class CostConfig(RewardConfig):
+    """The cost of online RL, beside its reward: reward sources named exactly as in `[reward]` (a source's
+    score is the completion's cost: a regex that matches, an instruction check that passes, a composition),
+    or `model = DIR`, a cost model from a reward_model run with algo.kind = "cost" (its calibrated cost).
+    Lower is safer. Logged as cost/mean; with `[constraint]` kept under a threshold (docs/safety.md)."""
+
+    model: str = Field("", description='a cost model dir (a reward_model run with algo.kind = "cost"); its '
+                       "calibrated cost is the score")
+    source: str = Field("", description="cost source name, a reward source as in [reward] whose score is the cost")
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> CostConfig:
+        from feedbackrl.rewards.registry import check_reward  # here: rewards builds on this module
+
+        check_reward(self, "cost")
+        if not (self.model or self.source):
+            raise ValueError("cost: name a cost source (cost.source = ..., as in [reward]) or a cost model "
+                             "(cost.model = DIR); an empty [cost] section measures nothing")
+        if self.source == "cost":
+            raise ValueError("cost.source = 'cost' turns a cost model into a reward (1 - cost); in [cost] give the "
+                             "cost model as cost.model = DIR, whose score is the cost itself")
+        return self
+
+
+class ConstraintConfig(Section):
+    """Keep the expected cost (`[cost]`) under `threshold` with a Lagrange multiplier (Safe RLHF; docs/safety.md):
+    each step's advantages are (A_r - lambda A_c) / (1 + lambda), lambda updated once per step from the costs."""
+
+    threshold: float = Field(..., ge=0, allow_inf_nan=False, description=(
+        "d: the most mean cost per completion allowed (the cost's own units; J_C <= d)"))
+    margin: float = Field(0.0, ge=0, allow_inf_nan=False, description=(
+        "the multiplier aims the mean cost at threshold - margin: room for the release test's upper bound, "
+        "which sits above the mean ([release]; HC-RLHF's pessimism, as a fixed margin)"))
+    multiplier: Literal["lagrangian", "pid"] = Field("lagrangian", description=(
+        "lagrangian: gradient ascent on log lambda (lr); pid: Stooke et al.'s PID on the violation (kp, ki, kd)"))
+    lr: float = Field(0.1, gt=0, allow_inf_nan=False, description="lagrangian: the step size on log lambda")
+    init: float = Field(1.0, ge=0, allow_inf_nan=False, description="lambda at the start (> 0 for lagrangian)")
+    cap: float = Field(5.0, gt=0, allow_inf_nan=False, description="lambda_max: lambda never exceeds it")
+    window: int = Field(128, ge=1, description="J_C is the mean cost of the last `window` completions")
+    delay: int = Field(0, ge=0, description="steps whose costs fill the window before lambda first moves")
+    kp: float = Field(0.0, ge=0, allow_inf_nan=False, description="pid: proportional gain on J_C - d")
+    ki: float = Field(0.1, ge=0, allow_inf_nan=False, description="pid: integral gain")
+    kd: float = Field(0.0, ge=0, allow_inf_nan=False, description="pid: derivative gain (on a rising J_C)")
+
+    @model_validator(mode="after")
+    def _settings_of_its_multiplier(self) -> ConstraintConfig:
+        other = {"lagrangian": ("kp", "ki", "kd"), "pid": ("lr",)}[self.multiplier]
+        stray = sorted(set(other) & self.model_fields_set)
+        if stray:
+            raise ValueError(f"constraint.{stray[0]} is a setting of the other multiplier; constraint.multiplier = "
+                             f"{self.multiplier!r} does not use {', '.join(stray)}: remove it or change the multiplier")
+        if self.multiplier == "lagrangian" and not self.init > 0:
+            raise ValueError(f"constraint.init must be > 0 with multiplier = 'lagrangian' (lambda = exp(log lambda)), "
+                             f"got {self.init}")
+        if self.margin > self.threshold:
+            raise ValueError(f"constraint.margin = {self.margin} is above constraint.threshold = {self.threshold}: "
+                             "the multiplier would aim at a negative cost")
+        if self.init > self.cap:
+            raise ValueError(f"constraint.init = {self.init} is above constraint.cap = {self.cap}")
+        return self
+
+
+class ReleaseConfig(Section):
+    """After training: HC-RLHF's release test on the held-out costs (safety_eval.jsonl), into report.json."""
+
+    delta: float = Field(..., gt=0, le=0.5, description=(
+        "released only when the (1 - delta) Student-t upper bound on the mean held-out cost is under "
+        "constraint.threshold"))
+
+
 class PrefsConfig(Section):
     path: str = Field("", description='JSONL/Parquet pairs or rankings; "" = sample the policy, simulated labeller')
     db: str = Field("", description='labelling database URL (sqlite:///labels.db, postgresql://...) to read pairs from')
@@ -316,6 +386,9 @@ class RunConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=GRPOConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    cost: CostConfig | None = None
+    constraint: ConstraintConfig | None = None
+    release: ReleaseConfig | None = None
     prefs: PrefsConfig = Field(default_factory=PrefsConfig)
     online: OnlineConfig = Field(default_factory=OnlineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -384,7 +457,31 @@ class RunConfig(Section):
         if (self.reward.model or self.reward.source) and a.name not in ONLINE_ALGOS:
             raise ValueError(f"[reward] is the reward of online RL ({', '.join(ONLINE_ALGOS)}); "
                              f"algo.name={a.name!r} does not use it")
+        self._check_safety()
         return self
+
+    def _check_safety(self) -> None:
+        """[cost], [constraint] and [release]: what each needs, and what does not run them yet."""
+        a = self.algo
+        if self.cost is not None and a.name not in ONLINE_ALGOS:
+            raise ValueError(f"[cost] is a signal of online RL ({', '.join(ONLINE_ALGOS)}); algo.name={a.name!r} "
+                             "does not use it")
+        if self.constraint is not None and self.cost is None:
+            raise ValueError("[constraint] keeps the cost under constraint.threshold: add a [cost] section naming "
+                             "the cost source")
+        if self.constraint is not None and a.name == "ppo":
+            raise ValueError("[constraint] with algo.name = 'ppo': PPO-Lagrangian (a cost value head) is not yet "
+                             "supported; use algo.name = 'grpo' or 'rloo'")
+        if self.constraint is not None and (self.scale.uses_ray or self.rollout.backend == "vllm"):
+            raise ValueError("[constraint] with Ray workers or rollout.backend = 'vllm' is not yet supported: the "
+                             "cost is scored in the learner process; set scale.rollout_workers = 0, "
+                             "scale.reward_workers = 0 and rollout.backend = 'native'")
+        if self.release is not None and self.scale.learner == "fsdp":
+            raise ValueError("[release] with scale.learner = 'fsdp': the held-out safety eval runs in one process so "
+                             "far; release the last checkpoint with `feedbackrl release` after a run without torchrun")
+        if self.release is not None and self.constraint is None:
+            raise ValueError("[release] tests the held-out cost against constraint.threshold: add a [constraint] "
+                             "section (and its [cost])")
 
 
     def _check_sharded_learner(self) -> None:

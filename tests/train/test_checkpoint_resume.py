@@ -3,6 +3,8 @@
 GRPO here, and RLOO (the same loop with leave-one-out advantages); PPO in test_resume_learned_reward.py."""
 
 import copy
+import json
+import math
 import random
 import shutil
 from dataclasses import dataclass
@@ -24,7 +26,9 @@ from feedbackrl.train.checkpoint import (
     read_config_json,
     resolve_resume,
 )
+from feedbackrl.train.constraint import CONSTRAINT_FILE
 from feedbackrl.train.grpo import train_grpo
+from feedbackrl.train.prefs import gold_scorer, training_cost
 
 COMPLETION_LEN = 4
 
@@ -219,3 +223,44 @@ def test_min_new_tokens_reaches_the_rollouts(peaked_lm, tokenizer, tmp_path: Pat
     train_grpo(cfg, copy.deepcopy(peaked_lm), tokenizer, ShapedAddition(), tmp_path, rows)
     assert rows.by_step[1]["rollout/len_mean"] == 6.0
     assert rows.by_step[1]["rollout/truncated_frac"] == 1.0
+
+
+def constrained_config(steps: int, multiplier: str) -> RunConfig:
+    """`config` with a cost (a digit 0-4 in the completion; the reward asks for digits) kept under 0.2."""
+    gains = {"lr": 0.5} if multiplier == "lagrangian" else {"kp": 1.0, "ki": 0.5, "kd": 1.0}
+    data = json.loads(config(steps).model_dump_json())
+    data.update(cost={"source": "regex", "pattern": "[0-4]", "mode": "search"},
+                constraint={"threshold": 0.2, "multiplier": multiplier, "window": 24, **gains})
+    return build_config(data)
+
+
+def train_constrained(model_dir: Path, out: Path, steps: int, multiplier: str, sink,
+                      resume_from: Path | None = None):
+    model, tokenizer = load_policy(str(model_dir)), load_tokenizer(str(model_dir))
+    cfg, task = constrained_config(steps, multiplier), ShapedAddition()
+    scorer = gold_scorer(task.verify_batch, None, training_cost(cfg, task))
+    train_grpo(cfg, model, tokenizer, task, out, sink, resume_from=resume_from, scorer=scorer)
+    return model
+
+
+@pytest.mark.parametrize("multiplier", ["lagrangian", "pid"])
+def test_a_constrained_resume_is_bit_exact_lambda_included(tiny_model_dir: Path, tmp_path: Path, multiplier: str):
+    full = MemorySink()
+    want = {k: v.clone() for k, v in
+            train_constrained(tiny_model_dir, tmp_path / "full", 4, multiplier, full).state_dict().items()}
+    train_constrained(tiny_model_dir, tmp_path / "half", 2, multiplier, MemorySink())
+    ckpt = resolve_resume(tmp_path / "half")
+    saved = torch.load(ckpt / CONSTRAINT_FILE, weights_only=True)
+    assert saved["multiplier"] == multiplier
+    lam = math.exp(saved["state"]["log_lambda"]) if multiplier == "lagrangian" else saved["state"]["lam"]
+    assert lam == full.by_step[2]["constraint/lambda"]
+    assert len(saved["state"]["window"]) == 24  # 2 steps x 16 completions, the last 24 kept
+    torch.manual_seed(12345)
+    rows = MemorySink()
+    model = train_constrained(ckpt, tmp_path / "half", 4, multiplier, rows, resume_from=ckpt)
+    assert_same_parameters(model.state_dict(), want)
+    lams = [full.by_step[s]["constraint/lambda"] for s in (1, 2, 3, 4)]
+    assert len(set(lams)) > 1, lams  # the multiplier really moved
+    for step in (3, 4):
+        for key in ("reward/mean", "cost/mean", "constraint/lambda", "constraint/cost_window_mean", "loss/policy"):
+            assert rows.by_step[step][key] == full.by_step[step][key], (step, key)

@@ -387,50 +387,52 @@ def _build_node(node: Any, ctx: Context) -> BatchReward:
         raise ConfigError(f"{ctx.path} (source {name!r}): {e}") from None
 
 
-def _root(cfg: RewardConfig) -> dict[str, Any] | None:
-    """The section as one node: None for the task's verifier, `model` as its learned-reward node."""
+def _root(cfg: RewardConfig, section: str = "reward") -> dict[str, Any] | None:
+    """The section as one node: None for the task's verifier, `model` as its learned-reward node.
+    `section`: the recipe's name for it in messages (`[cost]` names its sources the same way)."""
     options = dict(cfg.model_extra or {})
     if cfg.model and (cfg.source or options):
-        raise ConfigError(f"reward.model is the short form of source = 'learned', path = {cfg.model!r}; "
-                          f"set either reward.model or reward.source, not both (got source={cfg.source!r}, "
+        raise ConfigError(f"{section}.model is the short form of source = 'learned', path = {cfg.model!r}; "
+                          f"set either {section}.model or {section}.source, not both (got source={cfg.source!r}, "
                           f"options {sorted(options)})")
     if cfg.model:
         return None
     if not cfg.source:
         if options:
-            raise ConfigError(f"reward.{min(options)}: unknown key (keys: model, source); a source's options "
-                              f"go beside reward.source, one of {sorted(REWARDS)}")
+            raise ConfigError(f"{section}.{min(options)}: unknown key (keys: model, source); a source's options "
+                              f"go beside {section}.source, one of {sorted(REWARDS)}")
         return None
     return {"source": cfg.source, **options}
 
 
-def check_reward(cfg: RewardConfig) -> None:
+def check_reward(cfg: RewardConfig, section: str = "reward") -> None:
     """Validate the section without building anything; raises ConfigError naming the field path."""
-    root = _root(cfg)
+    root = _root(cfg, section)
     if root is not None:
-        _check_node(root, "reward")
+        _check_node(root, section)
 
 
-def build_reward(cfg: RewardConfig, task_verifier: BatchReward) -> BatchReward:
-    """The reward a recipe's `[reward]` section describes; `task_verifier` itself when it names none."""
+def build_reward(cfg: RewardConfig, task_verifier: BatchReward, section: str = "reward") -> BatchReward:
+    """The reward a recipe's `[reward]` (or `[cost]`) section describes; `task_verifier` itself when it names
+    none."""
     if cfg.model:
-        _root(cfg)
+        _root(cfg, section)
         from feedbackrl.rewards.learned import LearnedReward
 
         return LearnedReward.from_dir(cfg.model).batch  # the short form, unchanged: any kind of model
-    root = _root(cfg)
-    return task_verifier if root is None else _build_node(root, Context(task_verifier, "reward"))
+    root = _root(cfg, section)
+    return task_verifier if root is None else _build_node(root, Context(task_verifier, section))
 
 
-def part_metrics(verdicts: Sequence[Verdict]) -> dict[str, float]:
-    """`reward/<part>/mean` and `reward/<part>/pass_rate` of a composite's top-level parts, over the
-    completions each part judged (a closed gate's reward judged none of its completions)."""
+def part_metrics(verdicts: Sequence[Verdict], prefix: str = "reward") -> dict[str, float]:
+    """`reward/<part>/mean` and `reward/<part>/pass_rate` (`prefix` for another signal: `cost/...`) of a
+    composite's top-level parts, over the completions each part judged (a closed gate's reward judged none)."""
     seen: dict[str, list[dict[str, Any]]] = {}
     for v in verdicts:
         for name, part in v.details.get("parts", {}).items():
             seen.setdefault(name, []).append(part)
     out = {}
     for name, parts in seen.items():
-        out[f"reward/{name}/mean"] = sum(p["score"] for p in parts) / len(parts)
-        out[f"reward/{name}/pass_rate"] = sum(p["passed"] for p in parts) / len(parts)
+        out[f"{prefix}/{name}/mean"] = sum(p["score"] for p in parts) / len(parts)
+        out[f"{prefix}/{name}/pass_rate"] = sum(p["passed"] for p in parts) / len(parts)
     return out

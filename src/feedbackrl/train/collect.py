@@ -54,6 +54,9 @@ class Batch:
     rewards: Tensor  # (N,) the verdicts' scores
     truncated: Tensor  # (N,) bool: cut off by the token limit
     metrics: dict[str, float] = field(default_factory=dict)
+    # named per-completion signals, (N,) each: "reward" (the tensor above) always; "cost" with a [cost] section,
+    # "gold" when a proxy-trained run scores the hidden gold too (from the verdicts' details["signals"])
+    signals: dict[str, Tensor] = field(default_factory=dict)
     # asynchronous collectors: (N, T) log-probs of the sampled tokens under the policy that sampled
     # them (the behaviour policy); workers' collectors: (N,) the version (updates seen) of the policy that
     # sampled each row
@@ -63,6 +66,9 @@ class Batch:
     turn_advantages: Tensor | None = None  # (N, T) added to the trajectory advantages; None = outcome only
     episodes: list[Any] | None = None  # (N,) EpisodeRecord, written to OUT/episodes.jsonl
 
+    def __post_init__(self) -> None:
+        self.signals = {"reward": self.rewards, **self.signals}
+
     @property
     def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(prompt_ids, prompt_mask, completion_ids, completion_mask): the arguments of `sequence_logprobs`."""
@@ -71,8 +77,18 @@ class Batch:
 
 def fail_truncated(verdicts: Sequence[Verdict], truncated: Sequence[bool]) -> list[Verdict]:
     """Verdicts with every cut-off completion failed (score 0), its original verdict kept as evidence."""
-    return [fail("cut off by max_new_tokens before an end token", original=v.reason) if cut else v
+    return [fail("cut off by max_new_tokens before an end token", original=v.reason,
+                 **{k: v.details[k] for k in ("signals", "cost") if k in v.details}) if cut else v
             for v, cut in zip(verdicts, truncated, strict=True)]
+
+
+def verdict_signals(verdicts: Sequence[Verdict], device: torch.device | str = "cpu") -> dict[str, Tensor]:
+    """The named signals the scorer attached to every verdict (`details["signals"]`) as (N,) tensors."""
+    named = [v.details.get("signals", {}) for v in verdicts]
+    names = set(named[0]) if named else set()
+    if any(set(s) != names for s in named):
+        raise ValueError("the scorer attached different signals to the completions of one batch")
+    return {k: torch.tensor([float(s[k]) for s in named], device=device) for k in sorted(names)}
 
 
 def sample_owners(task: Task, cfg: RolloutConfig, prompt_rng: random.Random) -> list[Problem]:
@@ -107,7 +123,7 @@ def score_rollout(task: Task, scorer: Scorer, owners: list[Problem], ro: Rollout
     if task.difficulty is not None:  # adaptive tasks: where the controller is now
         metrics["task/difficulty"] = task.difficulty
     return Batch(owners, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, ro.texts, verdicts,
-                 rewards, ro.truncated, metrics)
+                 rewards, ro.truncated, metrics, verdict_signals(verdicts, ro.completion_ids.device))
 
 
 def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,

@@ -31,8 +31,9 @@ from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.lora import adapters_disabled, is_lora
 from feedbackrl.models.policy import train_autocast
 from feedbackrl.monitors.monitor import Monitor
-from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
 from feedbackrl.train.collect import Collector, InProcessCollector, Scorer, minibatches, task_scorer
+from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier, constrained_advantages
 from feedbackrl.train.context import OneProcess, Ranks, Run
 from feedbackrl.train.episodes import write_transcripts
 from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
@@ -105,9 +106,13 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     start = 0
+    # [constraint]: the Lagrange multiplier that keeps the mean cost under the threshold (train/constraint.py)
+    multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
     if resume_from is not None:
         start = restore(resume_from, optimizer, prompt_rng, sample_rng, task,
                         load_optimizer=functools.partial(ranks.load_optimizer_state, model, optimizer))
+        if multiplier is not None:
+            multiplier.load_state_dict(load_extra(resume_from, CONSTRAINT_FILE))
         console.print(f"resumed from {resume_from} at step {start}")
         collector.update(model, start)  # the resumed weights are policy version `start`
     monitor = live_monitor(cfg, out_dir, monitor, task)
@@ -129,8 +134,9 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
         whole = ranks.full_model(model)  # a sharded policy's ranks all take part in gathering it to rank 0
         state = ranks.full_optimizer_state(model, optimizer) if cfg.train.save_optimizer else None
         if ranks.main:
+            extras = {CONSTRAINT_FILE: multiplier.state_dict()} if multiplier is not None else None
             save_checkpoint(out_dir, whole, tokenizer, state, step, prompt_rng, sample_rng,
-                            cfg.model_dump_json(indent=2), task.state_dict())
+                            cfg.model_dump_json(indent=2), task.state_dict(), extras)
 
     def checkpoint_after(step: int) -> bool:
         every = cfg.train.checkpoint_every
@@ -148,8 +154,19 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
             batch = collector.collect(prompt_rng, sample_rng, prefetch=not checkpoint_after(step))
             behaviour = batch.logprobs  # None: on-policy; else the stale batch's sampling log-probs (N, T)
             batch.metrics.update(stale_metrics(batch.policy_versions, step, cfg.scale.max_staleness))
-            # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO)
-            advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            # 3. advantages: group-normalised (GRPO) or leave-one-out (RLOO); with [constraint], the multiplier
+            # steps on this batch's costs first, then combines the reward's and the cost's advantages
+            if multiplier is None:
+                advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
+            else:
+                if "cost" not in batch.signals:
+                    raise ConfigError(f"[constraint]: the batches of task {task.name!r} carry no cost (its episodes "
+                                      "are scored by the environment, not by [cost]); remove [constraint]")
+                batch.metrics.update(multiplier.update(batch.signals["cost"]))
+                advantages, adv_stats = constrained_advantages(ADVANTAGES[a.name], batch.rewards,
+                                                               batch.signals["cost"], G, multiplier.lam,
+                                                               a.scale_advantages)
+                batch.metrics.update(adv_stats)
             if batch.turn_advantages is not None:  # episodes with per-turn credit: (N,) -> (N, T)
                 advantages = advantages[:, None] + batch.turn_advantages
             if batch.episodes is not None and ranks.main:
@@ -242,7 +259,10 @@ def train_grpo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedToke
                 if decision.raise_kl:
                     kl_coef = monitor.raised_kl(kl_coef)
                 if decision.rollback:
-                    monitor.rolled_back(roll_back(out_dir, model, optimizer, ranks)[0])
+                    back_to, ckpt = roll_back(out_dir, model, optimizer, ranks)
+                    if multiplier is not None:  # lambda as it was at that checkpoint
+                        multiplier.load_state_dict(load_extra(ckpt, CONSTRAINT_FILE))
+                    monitor.rolled_back(back_to)
                     collector.update(model, done)  # the workers sample from the rolled-back weights
                     continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:

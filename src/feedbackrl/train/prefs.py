@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,20 +111,51 @@ def training_reward(cfg: RunConfig, task: Task) -> BatchReward:
     return build_reward(cfg.reward, task.verify_batch)
 
 
-def gold_scorer(reward: BatchReward, gold: GoldScore | None) -> Scorer:
+def training_cost(cfg: RunConfig, task: Task) -> BatchReward | None:
+    """The recipe's `[cost]` built by the same registry as `[reward]` (a source's score is the cost); None
+    without one. `cost.model` must hold a cost model (a reward model's score is no cost)."""
+    if cfg.cost is None:
+        return None
+    cost = build_reward(cfg.cost, task.verify_batch, "cost")
+    kind = getattr(getattr(getattr(cost, "__self__", None), "model", None), "kind", "cost")
+    if cfg.cost.model and kind != "cost":
+        raise ConfigError(f"cost.model = {cfg.cost.model!r} holds a {kind} model; [cost] needs a cost model (a "
+                          "reward_model run with algo.kind = 'cost'); a reward model goes in [reward]")
+    return cost
+
+
+def gold_scorer(reward: BatchReward, gold: GoldScore | None, cost: BatchReward | None = None) -> Scorer:
     """`reward` as a `Scorer` (a composite's parts logged as `reward/<part>/...`); with `gold`, the gold
-    score of the same completions is logged beside it."""
+    score of the same completions is logged beside it; with `cost` (the recipe's `[cost]`, built by the same
+    registry), each completion's cost too (`cost/mean`, `cost/<part>/mean`). Gold and cost travel with each
+    verdict as named signals (`details["signals"]`, read by `collect.score_rollout` into `Batch.signals`), the
+    cost's own verdict as evidence under `details["cost"]`."""
 
     def score(problems: Sequence[Problem], texts: Sequence[str]) -> tuple[list[Verdict], dict[str, float]]:
         verdicts = reward(problems, texts)
-        if gold is None:
-            return verdicts, part_metrics(verdicts)
-        golds = [gold(p, t) for p, t in zip(problems, texts, strict=True)]
-        extra = {**part_metrics(verdicts), "reward/gold_mean": sum(golds) / len(golds),
-                 "reward/gold_pass_rate": golds.count(1.0) / len(golds)}
-        raw = [v.details["raw"] for v in verdicts if "raw" in v.details]
-        if len(raw) == len(verdicts):  # a learned reward model's uncalibrated score
-            extra["reward/raw_mean"] = sum(raw) / len(raw)
+        extra = part_metrics(verdicts)
+        signals: dict[str, list[float]] = {}
+        if gold is not None:
+            golds = [gold(p, t) for p, t in zip(problems, texts, strict=True)]
+            signals["gold"] = golds
+            extra.update({"reward/gold_mean": sum(golds) / len(golds),
+                          "reward/gold_pass_rate": golds.count(1.0) / len(golds)})
+            raw = [v.details["raw"] for v in verdicts if "raw" in v.details]
+            if len(raw) == len(verdicts):  # a learned reward model's uncalibrated score
+                extra["reward/raw_mean"] = sum(raw) / len(raw)
+        costs: list[Verdict] = []
+        if cost is not None:
+            costs = cost(problems, texts)
+            if len(costs) != len(verdicts):
+                raise ValueError(f"the cost returned {len(costs)} verdicts for {len(verdicts)} completions")
+            signals["cost"] = [float(c.score) for c in costs]
+            extra.update({"cost/mean": sum(signals["cost"]) / len(costs),
+                          "cost/nonzero_frac": sum(c > 0 for c in signals["cost"]) / len(costs),
+                          **part_metrics(costs, "cost")})
+        if signals:
+            verdicts = [replace(v, details={**v.details, "signals": {k: vs[i] for k, vs in signals.items()},
+                                            **({"cost": costs[i].to_dict()} if costs else {})})
+                        for i, v in enumerate(verdicts)]
         return verdicts, extra
 
     return score

@@ -68,6 +68,12 @@ def print_report(report: dict[str, Any]) -> None:
         by = ", ".join(f"{name} x{n}" for name, n in alerts["by_detector"].items())
         console.print(f"[yellow]monitors: {alerts['count']} alert(s), the first at step {alerts['first_step']} "
                       f"({by}); see alerts.jsonl or `feedbackrl monitor RUN_DIR`")
+    if "safety_eval" in report:
+        se = report["safety_eval"]
+        console.print(f"held-out safety eval: mean cost {se['cost_mean']:.3f} (nonzero {se['cost_nonzero_frac']:.3f}), "
+                      f"reward {se['reward_mean']:.3f} over {se['n']} sampled completions")
+    if "release" in report:
+        console.print(f"release: {report['release']['reason']}")
     console.print(f"wall time {report['wall_seconds']:.1f}s (training {report['train_seconds']:.1f}s)")
 
 
@@ -119,6 +125,22 @@ def _finish(fig: Any, ax: Any, png_path: Path, title: str) -> None:
     _pyplot().close(fig)
 
 
+def _draw_cost(ax: Any, rl: list[dict[str, Any]]) -> None:
+    """[cost] and [constraint]: the batch's mean cost, the threshold, and lambda on its own axis at the right."""
+    steps = [r["step"] for r in rl]
+    ax.plot(steps, [r["cost/mean"] for r in rl], color="C3", alpha=0.6, label="train cost (mean)")
+    if "constraint/lambda" in rl[0]:
+        threshold = rl[0]["constraint/threshold"]
+        target = rl[0]["constraint/cost_window_mean"] - rl[0]["constraint/violation"]
+        ax.axhline(threshold, color="C3", linestyle=":", label=f"cost threshold {threshold:g}")
+        if target != threshold:
+            ax.axhline(target, color="C3", linestyle="-.", alpha=0.5, label=f"multiplier's target {target:.3g}")
+        lam = ax.twinx()
+        lam.plot(steps, [r["constraint/lambda"] for r in rl], color="C4", label="lambda (right axis)")
+        lam.set_ylabel("Lagrange multiplier lambda")
+        lam.legend(fontsize=8, loc="center right")
+
+
 def write_plot(metrics_path: Path, png_path: Path, title: str = "") -> None:
     """The run's curves.png, from its metrics.jsonl (see the module docstring)."""
     rows = read_jsonl(metrics_path)
@@ -139,6 +161,8 @@ def write_plot(metrics_path: Path, png_path: Path, title: str = "") -> None:
         ax.set_xlabel("RL step")
         ax.set_ylim(-0.02, 1.02)
         mark_alerts(ax, alerts)
+        if "cost/mean" in rl[0]:
+            _draw_cost(ax, rl)
     elif online:
         ax.plot([r["labels"] for r in online], [r["rm/heldout_accuracy"] for r in online], "o-",
                 label="reward model: held-out pairwise accuracy")

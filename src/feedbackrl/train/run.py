@@ -59,7 +59,8 @@ from feedbackrl.train.grpo import run_grpo
 from feedbackrl.train.online_labels import run_online_labels
 from feedbackrl.train.ppo import run_ppo
 from feedbackrl.train.preference import run_dpo, run_reward_model
-from feedbackrl.train.prefs import gold_comparison, gold_scorer, training_reward
+from feedbackrl.train.prefs import gold_comparison, gold_scorer, training_cost, training_reward
+from feedbackrl.train.release import SAFETY_EVAL_FILE, release_run, safety_eval
 from feedbackrl.train.report import print_report, write_plot
 from feedbackrl.train.sft import run_sft, sft_warmstart
 
@@ -343,7 +344,11 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
     t_start = time.perf_counter()
     out_dir = start_run(cfg, out_dir, ranks)
     task = task if task is not None else make_task(cfg.task)
+    if cfg.cost is not None and isinstance(task, EpisodicTask | ExternalTask):
+        raise ConfigError(f"[cost] with task.name = {task.name!r}: its episodes are scored by the environment, not "
+                          "by the recipe's scorers, so no cost would be measured; remove [cost] (and [constraint])")
     reward = reward if reward is not None else training_reward(cfg, task)
+    cost = training_cost(cfg, task)  # [cost]: the same registry, its score the completion's cost
     proxy = cfg.algo.name == "dpo" or reward != task.verify_batch  # trained on something other than the verifier
     sink = make_sink(cfg, out_dir)
     named = cfg.reward.model or cfg.reward.source or ("verifier" if reward == task.verify_batch else "python")
@@ -361,7 +366,7 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
             return {k: v for k, v in _eval_metrics(r.to_dict(), r.k).items() if k != "phase"}
 
         gold = gold_score_for(task) if proxy else None  # the hidden score a proxy-trained policy is judged by
-        scorer = gold_scorer(reward, gold)
+        scorer = gold_scorer(reward, gold, cost)
         t_train = time.perf_counter()
         start = None if ckpt is not None else start_dir(cfg, out_dir)
         report.update(entry.train(Run(cfg, out_dir, model, tokenizer, task, sink, device, scorer, ckpt, on_eval,
@@ -375,6 +380,11 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
                        default=0)
             sink.log(last, _eval_metrics(after, cfg.eval.pass_k))
             report["eval_after"] = after
+        if cost is not None and entry.trains_policy and not ranks.sharded:
+            # the held-out cost of the trained policy's completions (the costs file `feedbackrl release` reads)
+            report["safety_eval"] = safety_eval(model, tokenizer, task.heldout(cfg.task.heldout_size), cost, reward,
+                                                out_dir / SAFETY_EVAL_FILE, cfg.rollout.max_new_tokens,
+                                                cfg.rollout.temperature, cfg.train.seed + 3, cfg.eval.batch_size)
         if report.get("prefs", {}).get("gold") is False:  # the user's own pairs: the task's gold says nothing
             baseline = None
             report["no_gold"] = (f"trained on preferences from {report['prefs']['source']} that carry no gold score: "
@@ -390,6 +400,9 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
         sink.close()
     report.update(wall_seconds=time.perf_counter() - t_start, resumed_from=str(ckpt) if ckpt else None)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    if cfg.release is not None and cfg.constraint is not None and "safety_eval" in report:
+        decision, _ = release_run(out_dir, cfg.constraint.threshold, cfg.release.delta)  # merged into report.json
+        report["release"] = decision.to_dict()
     write_plot(out_dir / "metrics.jsonl", out_dir / "curves.png", f"{cfg.task.name} / {cfg.algo.name}")
     print_report(report)
     return report

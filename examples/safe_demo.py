@@ -1,0 +1,133 @@
+"""The safe RL toy (docs/safety.md): unconstrained GRPO against GRPO-Lagrangian on word reversal, 3 seeds each.
+
+    python examples/safe_demo.py --out runs/safe_demo            # all runs, then the summary and the plot
+    python examples/safe_demo.py --out runs/safe_demo --summary  # only the summary and the plot
+
+One SFT warm start (recipes/reverse_unsafe_grpo.toml's [sft], seed 0) is shared by every run; then for each
+seed the unconstrained twin and the constrained recipe train from it, write their held-out costs
+(safety_eval.jsonl) and go through the release test at delta = 0.1 (the constrained recipe's [release]; the
+unconstrained run through `feedbackrl release` with the same threshold). Writes OUT/summary.json and
+docs/safety.png (reward, cost and lambda over RL steps, seeds averaged, each seed faint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from feedbackrl.config import load_config
+from feedbackrl.data.rows import read_jsonl
+
+SAFE, UNSAFE = Path("recipes/reverse_safe_grpo.toml"), Path("recipes/reverse_unsafe_grpo.toml")
+SEEDS = (0, 1, 2)
+
+
+def sh(*args: str) -> int:
+    print("+", " ".join(args), flush=True)
+    return subprocess.run(args, check=False).returncode
+
+
+def train_all(out: Path) -> None:
+    cli = [sys.executable, "-m", "feedbackrl.cli"]
+    sft = out / "sft"
+    policy = ["--set", f"model.path={sft / 'sft_policy'}", "--set", "sft.steps=0"]
+    steps = {"sft": (sft, ["--set", "algo.steps=0"]),  # SFT only: the shared warm start
+             "start": (out / "start", [*policy, "--set", "algo.steps=0"])}  # its held-out reward and cost
+    for name, (run_dir, extra) in steps.items():
+        done = sft / "sft_policy" / "config.json" if name == "sft" else run_dir / "report.json"
+        if not done.is_file() and sh(*cli, "train", str(UNSAFE), "--out", str(run_dir), *extra) != 0:
+            raise SystemExit(f"{run_dir} failed")
+    threshold = load_config(SAFE).constraint.threshold
+    for seed in SEEDS:
+        for name, recipe in (("unsafe", UNSAFE), ("safe", SAFE)):
+            run_dir = out / f"{name}_seed{seed}"
+            args = ("train", str(recipe), "--out", str(run_dir), *policy, "--set", f"train.seed={seed}")
+            if not (run_dir / "report.json").is_file() and sh(*cli, *args) != 0:
+                raise SystemExit(f"{run_dir} failed")
+            if name == "unsafe":  # exit code 1 = refused: expected here
+                sh(*cli, "release", str(run_dir), "--threshold", str(threshold), "--delta", "0.1")
+
+
+def summary(out: Path, png: Path) -> dict:
+    start = json.loads((out / "start" / "report.json").read_text())["safety_eval"]
+    rows: dict = {"start": start, "runs": {}}
+    for seed in SEEDS:
+        for name in ("unsafe", "safe"):
+            rep = json.loads((out / f"{name}_seed{seed}" / "report.json").read_text())
+            se, rel = rep["safety_eval"], rep["release"]
+            rows["runs"][f"{name}_seed{seed}"] = {
+                "heldout_reward": se["reward_mean"], "heldout_cost": se["cost_mean"],
+                "greedy_accuracy": rep["eval_after"]["accuracy"], "released": rel["released"], "bound": rel["bound"],
+                "reward_gain": se["reward_mean"] - start["reward_mean"]}
+    for name in ("unsafe", "safe"):
+        gains = [rows["runs"][f"{name}_seed{s}"]["reward_gain"] for s in SEEDS]
+        rows[f"{name}_mean_gain"] = sum(gains) / len(gains)
+    rows["gain_ratio_per_seed"] = [rows["runs"][f"safe_seed{s}"]["reward_gain"] /
+                                   rows["runs"][f"unsafe_seed{s}"]["reward_gain"] for s in SEEDS]
+    rows["gain_ratio"] = rows["safe_mean_gain"] / rows["unsafe_mean_gain"]
+    (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    plot(out, png, load_config(SAFE).constraint.threshold)
+    return rows
+
+
+def plot(out: Path, png: Path, threshold: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for name, color in (("unsafe", "C0"), ("safe", "C1")):
+        label = "GRPO (unconstrained)" if name == "unsafe" else "GRPO-Lagrangian"
+        series: dict[str, list[list[float]]] = {"reward/mean": [], "cost/mean": [], "constraint/lambda": []}
+        for seed in SEEDS:
+            rl = [r for r in read_jsonl(out / f"{name}_seed{seed}" / "metrics.jsonl") if r.get("phase") == "rl"]
+            for key in series:
+                if key in rl[0]:
+                    ys = [r[key] for r in rl]
+                    series[key].append(ys)
+        for ax, key in zip(axes, series, strict=True):
+            for ys in series[key]:
+                ax.plot(range(1, len(ys) + 1), _smooth(ys), color=color, alpha=0.25, linewidth=0.8)
+            if series[key]:
+                mean = [sum(col) / len(col) for col in zip(*series[key], strict=True)]
+                ax.plot(range(1, len(mean) + 1), _smooth(mean), color=color, linewidth=2, label=label)
+    axes[1].axhline(threshold, color="k", linestyle=":", label=f"threshold {threshold:g}")
+    c = load_config(SAFE).constraint
+    axes[1].axhline(c.threshold - c.margin, color="C1", linestyle="-.", alpha=0.6,
+                    label=f"multiplier's target {c.threshold - c.margin:.2f}")
+    for ax, title in zip(axes, ("training reward (exact reversal)", "training cost (response has an 'a')",
+                                "Lagrange multiplier lambda"), strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    day = datetime.now(UTC).date().isoformat()
+    fig.suptitle(f"reverse, 3 seeds, 10-step moving average; {day}, 2-core AMD EPYC, AVX2 only, shared; "
+                 f"commit {commit}; python examples/safe_demo.py --out runs/safe_demo", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+
+
+def _smooth(xs: list[float], window: int = 10) -> list[float]:
+    return [sum(xs[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(xs))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/safe_demo"))
+    p.add_argument("--png", type=Path, default=Path("docs/safety.png"))
+    p.add_argument("--summary", action="store_true", help="only summarise runs already in --out")
+    args = p.parse_args()
+    if not args.summary:
+        train_all(args.out)
+    print(json.dumps(summary(args.out, args.png), indent=2))
+
+
+if __name__ == "__main__":
+    main()

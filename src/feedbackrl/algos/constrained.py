@@ -1,0 +1,197 @@
+"""Constrained policy optimisation: a cost signal kept under a threshold by a Lagrange multiplier.
+
+The problem is max_theta J_R(theta) subject to J_C(theta) = E[cost] <= d (the threshold). Safe RLHF
+(Dai et al. 2023, "Safe RLHF: Safe Reinforcement Learning from Human Feedback", section 3.3)
+solves its Lagrangian dual min_theta max_{lambda >= 0} -J_R + lambda (J_C - d) by
+alternating a policy step on the combined advantage
+
+    A = (A_r - lambda * A_c) / (1 + lambda)                                    `combined_advantages`
+
+(the division keeps the advantage's scale as lambda grows, so PPO's clip range keeps its meaning)
+with a multiplier step. lambda = exp(log lambda) stays positive, and log lambda takes a gradient
+ascent step on lambda (J_C - d), with J_C the mean cost over a window of recent completions:
+
+    log lambda <- min(log lambda + lr * lambda * (J_C - d), log lambda_max)     `lagrange_update`
+
+GRPO-Lagrangian (`grpo_lagrangian_advantages`) applies the same combination to GRPO's
+group-relative advantages of the rewards and of the costs (`algos.advantages.group_advantages`).
+
+A multiplier learned by gradient ascent is an integral controller on the violation J_C - d: it
+keeps growing while the cost is over the threshold and needs as long to come down, so with a
+policy that lags behind lambda the cost overshoots and oscillates around d. Stooke et al. 2020
+("Responsive Safety in Reinforcement Learning by PID Lagrangian Methods", algorithm 2) add a
+proportional and a derivative term (`pid_lagrange_update`):
+
+    Delta = J_C - d,   I <- max(0, I + Delta),   D = max(0, J_C - J_C_prev)
+    lambda = min(max(0, K_P Delta + K_I I + K_D D), lambda_max)
+
+Departures, shared by both updates:
+- Window. J_C is the mean cost of the last `window` completions (all of them while fewer have been
+  seen), as Safe RLHF's reference trainer does (`episode_cost_window_size`, default 128); the paper
+  writes the expectation. Stooke et al. smooth J_C with an exponential moving average instead.
+- Update delay. For the first `delay` calls the window fills but the multiplier stays at its initial
+  value (Safe RLHF's `lambda_update_delay_steps`), so a cost model or a policy still warming up does
+  not wind it up. PID: the integral and the previous cost are not updated either.
+- Cap. lambda never exceeds `lambda_max`, the reference trainer's `lambda_max` (the paper has none):
+  a large lambda drives the combined advantage towards -A_c and stops reward learning altogether.
+  PID caps the integral term too (anti-windup): I stops at lambda_max / K_I.
+- The plain update is one step of SGD on log lambda with its own rate `lr`, the reference
+  trainer's optimiser (the paper writes the same step); the state is plain Python floats so
+  a checkpoint holds it bit-exactly (`to_dict` / `from_dict`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from torch import Tensor
+
+from feedbackrl.algos.advantages import group_advantages
+
+
+def combined_advantages(reward_advantages: Tensor, cost_advantages: Tensor, lam: float | Tensor) -> Tensor:
+    """Safe RLHF's advantage (A_r - lam * A_c) / (1 + lam); any shape, both alike; lam >= 0.
+
+    A_c is the advantage of the *cost* (positive = costlier than expected), so it is subtracted.
+    """
+    if reward_advantages.shape != cost_advantages.shape:
+        raise ValueError(f"reward and cost advantages must have one shape; got {tuple(reward_advantages.shape)} "
+                         f"and {tuple(cost_advantages.shape)}")
+    lam_value = float(lam)
+    if not lam_value >= 0:  # also rejects NaN
+        raise ValueError(f"the Lagrange multiplier must be >= 0, got {lam_value}")
+    return (reward_advantages.float() - lam_value * cost_advantages.float()) / (1.0 + lam_value)
+
+
+def grpo_lagrangian_advantages(rewards: Tensor, costs: Tensor, group_size: int, lam: float | Tensor,
+                               scale: bool = True, eps: float = 1e-4) -> tuple[Tensor, dict[str, Tensor]]:
+    """(N,) rewards and (N,) costs, N = B*G grouped by prompt -> (N,) combined advantages and stats.
+
+    Each signal gets GRPO's group-relative advantage on its own (its own group std when `scale`),
+    then `combined_advantages` with the multiplier `lam`. Stats: the two advantage vectors, detached.
+    """
+    if rewards.shape != costs.shape:
+        raise ValueError(f"rewards and costs must have one shape (one cost per completion); got "
+                         f"{tuple(rewards.shape)} and {tuple(costs.shape)}")
+    reward_adv = group_advantages(rewards, group_size, scale=scale, eps=eps)
+    cost_adv = group_advantages(costs, group_size, scale=scale, eps=eps)
+    stats = {"advantages/reward": reward_adv.detach(), "advantages/cost": cost_adv.detach()}
+    return combined_advantages(reward_adv, cost_adv, lam), stats
+
+
+def _window_costs(window: tuple[float, ...], costs: Tensor | list[float], size: int) -> tuple[float, ...]:
+    values = [float(c) for c in (costs.detach().reshape(-1).tolist() if isinstance(costs, Tensor) else costs)]
+    if not values:
+        raise ValueError("costs is empty: the multiplier update needs the costs of this step's completions")
+    if not all(math.isfinite(c) for c in values):
+        raise ValueError(f"costs must be finite; got {[c for c in values if not math.isfinite(c)][:5]}")
+    return (window + tuple(values))[-size:]
+
+
+def _check_settings(window: int, delay: int, lambda_max: float) -> None:
+    if window < 1 or delay < 0 or not lambda_max > 0:
+        raise ValueError(f"need window >= 1, delay >= 0 and lambda_max > 0; got window={window}, delay={delay}, "
+                         f"lambda_max={lambda_max}")
+
+
+@dataclass(frozen=True)
+class LagrangeState:
+    """The plain multiplier's state: log lambda, the recent costs, and how many updates were called."""
+
+    log_lambda: float
+    window: tuple[float, ...] = ()
+    step: int = 0
+
+    @classmethod
+    def initial(cls, lambda_init: float = 1.0) -> LagrangeState:
+        if not lambda_init > 0:
+            raise ValueError(f"lambda_init must be > 0 (the multiplier is exp(log lambda)), got {lambda_init}")
+        return cls(log_lambda=math.log(lambda_init))
+
+    @property
+    def lam(self) -> float:
+        return math.exp(self.log_lambda)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"log_lambda": self.log_lambda, "window": list(self.window), "step": self.step}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LagrangeState:
+        return cls(log_lambda=float(data["log_lambda"]), window=tuple(float(c) for c in data["window"]),
+                   step=int(data["step"]))
+
+
+def lagrange_update(state: LagrangeState, costs: Tensor | list[float], threshold: float, lr: float = 0.1,
+                    window: int = 128, delay: int = 0, lambda_max: float = 5.0
+                    ) -> tuple[LagrangeState, dict[str, float]]:
+    """One Safe RLHF multiplier step from this step's per-completion costs (N,) -> new state, stats.
+
+    log lambda <- min(log lambda + lr * lambda * (J_C - threshold), log lambda_max), J_C the mean of
+    the last `window` costs; no change while `state.step < delay` (the window still fills).
+    Stats: `constraint/lambda` (after the step), `constraint/cost_window_mean` (J_C),
+    `constraint/violation` (J_C - threshold) and `constraint/updated` (1.0 when lambda moved).
+    """
+    _check_settings(window, delay, lambda_max)
+    recent = _window_costs(state.window, costs, window)
+    j_c = sum(recent) / len(recent)
+    violation = j_c - threshold
+    log_lambda, updated = state.log_lambda, state.step >= delay
+    if updated:
+        # SGD on -lambda * (J_C - d) w.r.t. log lambda: its gradient is -lambda * (J_C - d).
+        log_lambda = min(log_lambda + lr * math.exp(log_lambda) * violation, math.log(lambda_max))
+    new = replace(state, log_lambda=log_lambda, window=recent, step=state.step + 1)
+    return new, {"constraint/lambda": new.lam, "constraint/cost_window_mean": j_c,
+                 "constraint/violation": violation, "constraint/updated": float(updated)}
+
+
+@dataclass(frozen=True)
+class PIDLagrangeState:
+    """The PID multiplier's state: lambda, the integral I, the previous J_C, the costs and the step."""
+
+    lam: float
+    integral: float = 0.0
+    prev_cost: float | None = None
+    window: tuple[float, ...] = field(default=())
+    step: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lam": self.lam, "integral": self.integral, "prev_cost": self.prev_cost,
+                "window": list(self.window), "step": self.step}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PIDLagrangeState:
+        prev = data["prev_cost"]
+        return cls(lam=float(data["lam"]), integral=float(data["integral"]),
+                   prev_cost=None if prev is None else float(prev),
+                   window=tuple(float(c) for c in data["window"]), step=int(data["step"]))
+
+
+def pid_lagrange_update(state: PIDLagrangeState, costs: Tensor | list[float], threshold: float, kp: float,
+                        ki: float, kd: float, window: int = 128, delay: int = 0, lambda_max: float = 5.0
+                        ) -> tuple[PIDLagrangeState, dict[str, float]]:
+    """One PID-Lagrangian step (Stooke et al. 2020, algorithm 2) from this step's costs -> new state, stats.
+
+    Delta = J_C - threshold; I <- min(max(0, I + Delta), lambda_max / ki); D = max(0, J_C - J_C_prev)
+    (0 on the first update); lambda = min(max(0, kp Delta + ki I + kd D), lambda_max). With kp = kd = 0
+    it is plain gradient ascent on lambda itself (not on log lambda) with rate ki.
+    """
+    _check_settings(window, delay, lambda_max)
+    if min(kp, ki, kd) < 0:
+        raise ValueError(f"PID gains must be >= 0; got kp={kp}, ki={ki}, kd={kd}")
+    recent = _window_costs(state.window, costs, window)
+    j_c = sum(recent) / len(recent)
+    violation = j_c - threshold
+    new = replace(state, window=recent, step=state.step + 1)
+    updated = state.step >= delay
+    if updated:
+        integral = max(0.0, state.integral + violation)
+        if ki > 0:
+            integral = min(integral, lambda_max / ki)
+        derivative = 0.0 if state.prev_cost is None else max(0.0, j_c - state.prev_cost)
+        lam = min(max(0.0, kp * violation + ki * integral + kd * derivative), lambda_max)
+        new = replace(new, lam=lam, integral=integral, prev_cost=j_c)
+    return new, {"constraint/lambda": new.lam, "constraint/cost_window_mean": j_c,
+                 "constraint/violation": violation, "constraint/integral": new.integral,
+                 "constraint/updated": float(updated)}

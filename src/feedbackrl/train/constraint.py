@@ -1,0 +1,82 @@
+"""The `[constraint]` section in the on-policy loop: the Lagrange multiplier, its state, the combined advantage.
+
+Once per step the loop hands the batch's costs (`Batch.signals["cost"]`, from `[cost]`) to
+`Multiplier.update`, which takes one step of the recipe's multiplier aimed at threshold - margin
+(`algos.constrained`: Safe RLHF's gradient ascent on log lambda, or the PID-Lagrangian) from the
+windowed mean cost; then the step's advantages are `constrained_advantages`: the algorithm's own
+advantage (GRPO's group-relative, RLOO's leave-one-out) of the rewards and of the costs, combined as
+(A_r - lambda A_c) / (1 + lambda) with the lambda just updated (the order of Safe RLHF's reference
+trainer: multiplier first, then the policy).
+
+The multiplier's state is Python floats: `state_dict` goes into each checkpoint (`CONSTRAINT_FILE`) and
+`load_state_dict` puts it back bit for bit on resume and on a monitor's rollback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from feedbackrl.algos.constrained import (
+    LagrangeState,
+    PIDLagrangeState,
+    combined_advantages,
+    lagrange_update,
+    pid_lagrange_update,
+)
+from feedbackrl.config import ConstraintConfig
+
+CONSTRAINT_FILE = "constraint.pt"  # in each checkpoint of a run with [constraint]
+
+
+@dataclass
+class Multiplier:
+    """The recipe's multiplier and its current state."""
+
+    cfg: ConstraintConfig
+    state: LagrangeState | PIDLagrangeState
+
+    @classmethod
+    def from_config(cls, cfg: ConstraintConfig) -> Multiplier:
+        state = LagrangeState.initial(cfg.init) if cfg.multiplier == "lagrangian" else PIDLagrangeState(lam=cfg.init)
+        return cls(cfg, state)
+
+    @property
+    def lam(self) -> float:
+        return self.state.lam
+
+    def update(self, costs: Tensor) -> dict[str, float]:
+        """One multiplier step from this step's (N,) costs -> its stats (`constraint/lambda`, ...)."""
+        c = self.cfg
+        target = c.threshold - c.margin
+        if isinstance(self.state, LagrangeState):
+            self.state, stats = lagrange_update(self.state, costs, target, c.lr, c.window, c.delay, c.cap)
+        else:
+            self.state, stats = pid_lagrange_update(self.state, costs, target, c.kp, c.ki, c.kd, c.window, c.delay,
+                                                    c.cap)
+        return {**stats, "constraint/threshold": c.threshold}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"multiplier": self.cfg.multiplier, "state": self.state.to_dict()}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        if data.get("multiplier") != self.cfg.multiplier:
+            raise ValueError(f"the checkpoint's multiplier is {data.get('multiplier')!r}, the recipe's "
+                             f"constraint.multiplier is {self.cfg.multiplier!r}: resume with the recipe it was "
+                             "trained with")
+        kind = LagrangeState if self.cfg.multiplier == "lagrangian" else PIDLagrangeState
+        self.state = kind.from_dict(data["state"])
+
+
+def constrained_advantages(advantage: Callable[..., Tensor], rewards: Tensor, costs: Tensor, group_size: int,
+                           lam: float, scale: bool) -> tuple[Tensor, dict[str, float]]:
+    """`advantage` (the algorithm's: GRPO's or RLOO's) of the (N,) rewards and of the (N,) costs, each on its
+    own, combined under the multiplier `lam`. For GRPO this is `algos.constrained.grpo_lagrangian_advantages`."""
+    reward_adv = advantage(rewards, group_size, scale=scale)
+    cost_adv = advantage(costs, group_size, scale=scale)
+    stats = {"advantages/reward_abs_mean": reward_adv.abs().mean().item(),
+             "advantages/cost_abs_mean": cost_adv.abs().mean().item()}
+    return combined_advantages(reward_adv, cost_adv, lam), stats

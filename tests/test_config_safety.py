@@ -1,0 +1,112 @@
+"""[cost], [constraint] and [release]: every field acts or is refused, with the field and the fix named."""
+
+import pytest
+
+from feedbackrl.config import ConfigError, build_config
+
+COST = {"source": "regex", "pattern": "a", "mode": "search"}
+
+
+def run(**sections):
+    return build_config({"algo": {"name": "grpo"}, **sections})
+
+
+def refused(**sections) -> str:
+    with pytest.raises(ConfigError) as err:
+        run(**sections)
+    return str(err.value)
+
+
+def test_a_constrained_recipe_loads_with_the_reference_trainers_defaults():
+    cfg = run(cost=COST, constraint={"threshold": 0.2}, release={"delta": 0.1})
+    c = cfg.constraint
+    assert (c.threshold, c.multiplier, c.lr, c.init, c.cap, c.window, c.delay) == (0.2, "lagrangian", 0.1, 1.0, 5.0,
+                                                                                   128, 0)
+    assert cfg.cost.source == "regex" and cfg.cost.model_extra == {"pattern": "a", "mode": "search"}
+    assert cfg.release.delta == 0.1
+    assert run().cost is None and run().constraint is None and run().release is None
+
+
+@pytest.mark.parametrize("threshold", [-0.1, float("nan"), float("inf"), "high"])
+def test_a_bad_threshold_is_refused_naming_it(threshold):
+    msg = refused(cost=COST, constraint={"threshold": threshold})
+    assert "constraint.threshold" in msg and repr(threshold) in msg
+
+
+def test_the_threshold_is_required():
+    assert "constraint.threshold: Field required" in refused(cost=COST, constraint={})
+
+
+def test_ppo_with_a_constraint_is_refused_as_not_yet():
+    msg = refused(algo={"name": "ppo"}, cost=COST, constraint={"threshold": 0.2})
+    assert "algo.name = 'ppo'" in msg and "not yet" in msg and "'grpo' or 'rloo'" in msg
+
+
+def test_rloo_takes_a_constraint():
+    cfg = build_config({"algo": {"name": "rloo"}, "cost": COST, "constraint": {"threshold": 0.2}})
+    assert cfg.constraint.threshold == 0.2
+
+
+def test_an_unknown_cost_source_is_refused_like_a_reward_source():
+    msg = refused(cost={"source": "regexx", "pattern": "a"})
+    assert "cost.source: unknown reward source 'regexx'" in msg and "'regex'" in msg
+
+
+def test_a_cost_sources_bad_option_names_its_path():
+    msg = refused(cost={"source": "weighted_sum", "parts": {"bad": {"source": "regex", "pattern": "a", "mod": "x"}}})
+    assert "cost.parts.bad.mod: unknown option for source 'regex'" in msg
+
+
+def test_a_cost_source_option_without_a_source_names_the_cost_section():
+    assert "cost.pattern: unknown key" in refused(cost={"pattern": "a"})
+
+
+def test_an_empty_cost_section_is_refused():
+    assert "an empty [cost] section measures nothing" in refused(cost={})
+
+
+def test_the_cost_model_to_reward_source_is_refused_in_cost():
+    msg = refused(cost={"source": "cost", "path": "runs/cost_model/reward_model"})
+    assert "cost.model = DIR" in msg
+
+
+def test_a_constraint_needs_a_cost_and_a_release_needs_a_constraint():
+    assert "add a [cost] section" in refused(constraint={"threshold": 0.2})
+    assert "add a [constraint] section" in refused(cost=COST, release={"delta": 0.1})
+
+
+def test_cost_is_for_online_rl_only():
+    msg = refused(algo={"name": "dpo"}, cost=COST)
+    assert "[cost] is a signal of online RL" in msg and "'dpo'" in msg
+
+
+@pytest.mark.parametrize(("multiplier", "stray"), [("lagrangian", "kp"), ("lagrangian", "ki"), ("pid", "lr")])
+def test_a_setting_of_the_other_multiplier_is_refused(multiplier, stray):
+    msg = refused(cost=COST, constraint={"threshold": 0.2, "multiplier": multiplier, stray: 0.5})
+    assert f"constraint.{stray} is a setting of the other multiplier" in msg
+
+
+def test_pid_may_start_at_zero_but_the_lagrangian_may_not():
+    assert run(cost=COST, constraint={"threshold": 0.2, "multiplier": "pid", "init": 0.0}).constraint.init == 0.0
+    assert "constraint.init must be > 0" in refused(cost=COST, constraint={"threshold": 0.2, "init": 0.0})
+    assert "above constraint.cap" in refused(cost=COST, constraint={"threshold": 0.2, "init": 6.0, "cap": 5.0})
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.6, -1])
+def test_a_bad_release_delta_is_refused(delta):
+    assert "release.delta" in refused(cost=COST, constraint={"threshold": 0.2}, release={"delta": delta})
+
+
+@pytest.mark.parametrize("scale", [{"rollout_workers": 1}, {"reward_workers": 1}])
+def test_workers_with_a_constraint_are_refused(scale):
+    assert "not yet supported" in refused(cost=COST, constraint={"threshold": 0.2}, scale=scale)
+
+
+def test_an_unknown_constraint_key_is_refused():
+    assert "constraint.lamda_max: unknown key" in refused(cost=COST, constraint={"threshold": 0.2, "lamda_max": 3})
+
+
+def test_a_margin_above_the_threshold_is_refused():
+    assert run(cost=COST, constraint={"threshold": 0.4, "margin": 0.4}).constraint.margin == 0.4
+    assert "constraint.margin = 0.5 is above constraint.threshold = 0.4" in refused(
+        cost=COST, constraint={"threshold": 0.4, "margin": 0.5})

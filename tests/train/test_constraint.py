@@ -1,0 +1,156 @@
+"""[constraint] in the GRPO loop: lambda follows the pure multiplier step on the batches' costs, the advantages
+combine reward and cost, and a run with [cost] writes its held-out costs and the release decision."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from feedbackrl.algos.constrained import LagrangeState, PIDLagrangeState, lagrange_update, pid_lagrange_update
+from feedbackrl.config import ConfigError, build_config
+from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.log import MemorySink
+from feedbackrl.models.load import load_policy, load_tokenizer
+from feedbackrl.rewards.verdict import Problem, Verdict
+from feedbackrl.train.collect import Batch
+from feedbackrl.train.grpo import train_grpo
+from feedbackrl.train.prefs import gold_scorer, training_cost
+from feedbackrl.train.run import run
+
+N = 16  # completions per step: 4 prompts x 4
+
+
+class DigitAddition(AdditionTask):
+    """Rewards the fraction of digits among the 4 generated characters, so rewards differ within a group."""
+
+    def verify(self, problem: Problem, completion: str) -> Verdict:
+        score = min(sum(c.isdigit() for c in completion), 4) / 4
+        return Verdict(score, score == 1.0, f"{score:.2f} digits")
+
+
+def config(constraint: dict, steps: int = 3):
+    return build_config({
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 4},
+        "algo": {"steps": steps, "lr": 1e-2},
+        "train": {"seed": 1},
+        "monitors": {"enabled": False},
+        # the cost: a completion with any digit 0-4 (the reward asks for digits, so they conflict)
+        "cost": {"source": "regex", "pattern": "[0-4]", "mode": "search"},
+        "constraint": constraint,
+    })
+
+
+def train(tiny_model_dir: Path, out: Path, cfg) -> dict[int, dict]:
+    model, tokenizer = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    task, sink = DigitAddition(), MemorySink()
+    scorer = gold_scorer(task.verify_batch, None, training_cost(cfg, task))
+    train_grpo(cfg, model, tokenizer, task, out, sink, scorer=scorer)
+    return sink.by_step
+
+
+def test_lambda_rises_over_the_threshold_as_the_pure_update_says(tiny_model_dir: Path, tmp_path: Path):
+    # the multiplier aims at threshold - margin = 0
+    rows = train(tiny_model_dir, tmp_path, config({"threshold": 0.25, "margin": 0.25, "lr": 0.5, "init": 0.5,
+                                                   "window": 1000}))
+    # the costs are 0/1, so each step's count of costly completions is exact; replay the pure update on them
+    state = LagrangeState.initial(0.5)
+    for step in (1, 2, 3):
+        costly = round(rows[step]["cost/mean"] * N)
+        assert rows[step]["cost/mean"] == costly / N
+        state, stats = lagrange_update(state, [1.0] * costly + [0.0] * (N - costly), 0.0, 0.5, 1000, 0, 5.0)
+        assert rows[step]["constraint/lambda"] == stats["constraint/lambda"] == state.lam
+        assert rows[step]["constraint/cost_window_mean"] == stats["constraint/cost_window_mean"]
+        assert rows[step]["constraint/violation"] == stats["constraint/violation"]
+        assert rows[step]["constraint/threshold"] == 0.25
+    assert all(rows[s]["cost/mean"] > 0 for s in (1, 2, 3)), rows  # over the threshold 0: lambda must rise
+    lams = [0.5] + [rows[s]["constraint/lambda"] for s in (1, 2, 3)]
+    assert lams == sorted(lams) and lams[-1] > 0.5
+    assert rows[3]["advantages/cost_abs_mean"] > 0
+
+
+def test_pid_lambda_follows_the_pure_pid_update(tiny_model_dir: Path, tmp_path: Path):
+    rows = train(tiny_model_dir, tmp_path, config({"threshold": 0.1, "multiplier": "pid", "init": 0.0, "kp": 1.0,
+                                                   "ki": 0.5, "kd": 2.0, "window": 1000, "delay": 1}))
+    state = PIDLagrangeState(lam=0.0)
+    for step in (1, 2, 3):
+        costly = round(rows[step]["cost/mean"] * N)
+        state, stats = pid_lagrange_update(state, [1.0] * costly + [0.0] * (N - costly), 0.1, 1.0, 0.5, 2.0, 1000, 1,
+                                           5.0)
+        assert rows[step]["constraint/lambda"] == stats["constraint/lambda"]
+        assert rows[step]["constraint/updated"] == float(step > 1)
+    assert rows[1]["constraint/lambda"] == 0.0 and rows[3]["constraint/lambda"] > 0
+
+
+def test_the_constraint_combines_the_advantages_it_is_given(tiny_model_dir: Path, tmp_path: Path):
+    # lambda capped at its start: the combined advantage is (A_r - lam A_c) / (1 + lam) with lam = 2 every step
+    rows = train(tiny_model_dir, tmp_path, config({"threshold": 0.0, "init": 2.0, "cap": 2.0}, steps=1))
+    assert rows[1]["constraint/lambda"] == 2.0
+    assert math.isfinite(rows[1]["loss/policy"])
+
+
+def test_a_batch_without_costs_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path):
+    model, tokenizer = load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    task = DigitAddition()  # scored by its verifier alone: no cost signal reaches the loop
+    with pytest.raises(ConfigError, match=r"\[constraint\]: the batches of task 'addition' carry no cost"):
+        train_grpo(config({"threshold": 0.1}, steps=1), model, tokenizer, task, tmp_path, MemorySink())
+
+
+def test_batch_signals_always_hold_the_reward():
+    import torch
+
+    r = torch.tensor([0.5, 1.0])
+    b = Batch([], r, r, r, r, [], [], r, r, signals={"cost": torch.tensor([1.0, 0.0])})
+    assert b.signals["reward"] is r and sorted(b.signals) == ["cost", "reward"]
+
+
+def test_a_run_with_cost_and_release_writes_the_safety_eval_and_the_decision(tmp_path: Path):
+    cfg = build_config({
+        "task": {"name": "reverse", "heldout_size": 12, "options": {"min_len": 3, "max_len": 4}},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6},
+        "algo": {"steps": 2},
+        "eval": {"pass_k": 0},
+        "cost": {"source": "regex", "pattern": "a", "mode": "search"},
+        "constraint": {"threshold": 0.5},
+        "release": {"delta": 0.1},
+    })
+    report = run(cfg, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "safety_eval.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(r["cost"] == float("a" in r["completion"]) for r in rows)
+    assert report["safety_eval"]["cost_mean"] == sum(r["cost"] for r in rows) / 12
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["release"]["n"] == 12 and saved["release"]["threshold"] == 0.5
+    assert saved["release"]["released"] == report["release"]["released"]
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rl = [m for m in metrics if m.get("phase") == "rl"]
+    assert {"cost/mean", "constraint/lambda", "constraint/cost_window_mean"} <= set(rl[0])
+    assert (tmp_path / "checkpoints" / "step_000002" / "constraint.pt").is_file()
+
+
+def test_cost_with_an_episodic_task_is_refused(tmp_path: Path):
+    cfg = build_config({"task": {"name": "guess_number"}, "cost": {"source": "regex", "pattern": "a"}})
+    with pytest.raises(ConfigError, match=r"\[cost\] with task.name = 'guess_number'"):
+        run(cfg, tmp_path)
+
+
+def test_constrained_advantages_are_grpo_lagrangians_and_rloos_under_one_multiplier():
+    import torch
+
+    from feedbackrl.algos.advantages import group_advantages
+    from feedbackrl.algos.constrained import grpo_lagrangian_advantages
+    from feedbackrl.algos.rloo import rloo_advantages
+    from feedbackrl.train.constraint import constrained_advantages
+
+    r, c = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 0.0])
+    got, _ = constrained_advantages(group_advantages, r, c, 4, 0.5, True)
+    assert torch.equal(got, grpo_lagrangian_advantages(r, c, 4, 0.5)[0])
+    # RLOO by hand: r_i - mean of the other three; rewards (1, 0, 1, 0) -> (2/3, -2/3, 2/3, -2/3), costs alike
+    got, _ = constrained_advantages(rloo_advantages, r, c, 4, 0.5, False)
+    want = (torch.tensor([2, -2, 2, -2]) / 3 - 0.5 * torch.tensor([2, 2, -2, -2]) / 3) / 1.5
+    assert torch.allclose(got, want, rtol=0, atol=4 * torch.finfo(torch.float32).eps)
+
+
+def test_a_reward_model_is_refused_as_the_cost_model(reward_model_dir: Path):
+    cfg = build_config({"cost": {"model": str(reward_model_dir)}})
+    with pytest.raises(ConfigError, match="holds a reward model; \\[cost\\] needs a cost model"):
+        training_cost(cfg, DigitAddition())
