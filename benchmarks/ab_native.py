@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import provenance
 
 from feedbackrl.models.tiny import build_model, build_tokenizer
 from feedbackrl.rollout import generate as gen_mod
@@ -75,7 +76,7 @@ def main() -> None:
             print(f"{size:5s} {shape:4s} L={length:3d}: PyTorch path {torch_ms:8.1f} ms, kernel {kernel_ms:8.1f} ms "
                   f"-> {torch_ms / kernel_ms:.2f}x (pairs {per_pair[0]:.2f}-{per_pair[-1]:.2f})", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

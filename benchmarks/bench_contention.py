@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULT_TAG, STEP_TAG, ensure_model, load_average
+from common import RESULT_TAG, STEP_TAG, ensure_model, load_average, provenance
 
 HERE = Path(__file__).resolve().parent
 RECIPE = HERE.parent / "recipes" / "reverse_grpo.toml"
@@ -101,7 +101,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     out = HERE / "results" / "contention.json"
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}, indent=2))
+    out.write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from common import provenance
 
 from feedbackrl.config import build_config
 from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, Turn, render_plain
@@ -96,7 +97,8 @@ def main() -> None:
     step = sum(r["perf/step_s"] for r in rows) / len(rows)
     gen = sum(r["perf/gen_s"] for r in rows) / len(rows)
     tools = sum(r["perf/tool_s"] for r in rows) / len(rows)
-    result = {"shape": {"episodes": n_ep, "turns": TURNS, "turn_tokens": TURN_TOKENS, "tool_calls_per_episode":
+    result = {"provenance": provenance(),
+              "shape": {"episodes": n_ep, "turns": TURNS, "turn_tokens": TURN_TOKENS, "tool_calls_per_episode":
                         TURNS - 1}, "episodes_per_s": n_ep / step, "step_s": step,
               "share": {"generation": gen / step, "tools": tools / step, "training": (step - gen - tools) / step},
               "turns_mean": sum(r["episode/turns_mean"] for r in rows) / len(rows),

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from common import provenance
 from math_verify import parse, verify
 
 from feedbackrl.rewards.math import MathVerifier
@@ -94,7 +95,7 @@ def main() -> None:
     mixed, mixed_raw = _mixed(make_cases(args.n, args.seed + 3)), _mixed(make_cases(args.n, args.seed + 4))
     rates = {"easy": rate(ours, easy), "latex": rate(ours, latex), "mixed": rate(ours, mixed),
              "math_verify_mixed": rate(raw, mixed_raw)}
-    result = {name: round(r, 1) for name, r in rates.items()}
+    result = {"provenance": provenance(), **{name: round(r, 1) for name, r in rates.items()}}
     result |= {"ratio_ours_over_math_verify": round(rates["mixed"] / rates["math_verify_mixed"], 2),
                "n_verdicts": len(mixed), "python": platform.python_version(), "machine": platform.machine()}
 

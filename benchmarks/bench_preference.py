@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import RESULT_TAG, emit, provenance  # the tag lets run.py read the result off stdout
 
 from feedbackrl.config import DPOConfig, RewardModelConfig
 from feedbackrl.data.preferences import PreferencePair
@@ -48,11 +49,6 @@ from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.reward import build_reward_model
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.train.preference import train_dpo, train_reward_model
-
-try:  # run from benchmarks/ (run.py's workers); the tag lets run.py read the result off stdout
-    from common import RESULT_TAG, emit
-except ImportError:  # pragma: no cover
-    RESULT_TAG, emit = None, None
 
 RESULTS = Path(__file__).parent / "results" / "preference.json"
 BATCH = 16
@@ -221,6 +217,7 @@ def main() -> None:
         "settings": {"batch_pairs": BATCH, "threads": args.threads, "steps": args.steps, "warmup": args.warmup,
                      "repeats": args.repeats, "model": args.size, "dtype": "float32"},
         "loadavg_before_after": [load_before, os.getloadavg()],
+        "provenance": provenance(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     }
     if trl_version and "dpo" in parts:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import load_average, summarize
+from common import load_average, provenance, summarize
 from run import HERE, RESULTS, LockStepWorker, _stop, alternate, cpu_name, log, run_worker, versions
 
 
@@ -59,7 +59,8 @@ def main() -> None:
     model = Path(resolve_model_path(args.model))
     logdir = RESULTS / "real_model_logs"
     logdir.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "cpu": cpu_name(),
+    out: dict[str, Any] = {"provenance": provenance(),
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "cpu": cpu_name(),
                            "threads": args.threads, "versions": versions(), "load_at_start": load_average()}
     with open(logdir / "generate.log", "w") as wlog:
         out["generate"] = run_worker([str(HERE / "bench_generate.py"), "generate", "--model", str(model),

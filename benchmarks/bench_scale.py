@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import load_average
+from common import load_average, provenance
 
 from feedbackrl.config import RunConfig, load_config
 from feedbackrl.envs.registry import make_task
@@ -208,7 +208,7 @@ def main() -> None:
     ap.add_argument("--out", default="", help="result file name in benchmarks/results (default scale_WHAT.json)")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}
+    result: dict[str, Any] = {"provenance": provenance(), "argv": sys.argv[1:]}
     out = ROOT / "benchmarks" / "results" / (args.out or f"scale_{args.what}.json")
 
     def save(rows: list[dict[str, Any]]) -> None:

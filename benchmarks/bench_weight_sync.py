@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 import torch
-from common import load_average
+from common import load_average, provenance
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from feedbackrl.config import RolloutConfig, ScaleConfig
@@ -114,7 +114,8 @@ def main() -> None:
                          "object_store_over_collective": med["object_store"] / med["collective"]}
         print(f"{size}: object store {med['object_store'] * 1e3:.1f} ms, collective {med['collective'] * 1e3:.1f} ms, "
               f"ratio {summary[size]['object_store_over_collective']:.2f}")
-    Path(args.out).write_text(json.dumps({"rows": rows, "summary": summary, "torch_threads": 1}, indent=1))
+    result = {"provenance": provenance(), "rows": rows, "summary": summary, "torch_threads": 1}
+    Path(args.out).write_text(json.dumps(result, indent=1))
     ray.shutdown()
 
 

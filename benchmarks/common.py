@@ -6,11 +6,14 @@ feedbackrl and TRL see the same models, tokenizer, prompts, reward and hyperpara
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
 import random
 import resource
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,62 @@ from feedbackrl.rewards.verdict import Problem, Verdict
 
 RESULT_TAG = "BENCH_RESULT "  # a worker's last stdout line: this tag, then its JSON result
 STEP_TAG = "BENCH_STEP "  # lock-step GRPO workers: one line per finished step
+
+
+# the CPU flags that decide which matmul and attention kernels torch picks (and so the rounding of float results)
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "asimd", "sve")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_isa() -> list[str]:
+    """Which of ISA_FLAGS this CPU has, from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in ISA_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def machine() -> str:
+    """One line for a results row: cores, CPU model and its vector instruction set, e.g.
+    '2-core AMD EPYC (avx2)'."""
+    isa = ", ".join(cpu_isa()) or "unknown ISA"
+    return f"{os.cpu_count()}-core {cpu_name()} ({isa})"
+
+
+def git_commit() -> str:
+    """The checked-out commit, '+dirty' when tracked files differ from it; 'unknown' outside a checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def provenance() -> dict[str, Any]:
+    """Where a result came from; every results JSON carries it under "provenance"."""
+    import torch
+
+    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
+            "machine": machine(), "cpu": cpu_name(), "isa": cpu_isa(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__, "argv": sys.argv,
+            "load_average": load_average()}
 
 
 def summarize(xs: list[float]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import provenance
 
 from feedbackrl.config import RolloutConfig
 from feedbackrl.models.chat import end_token_ids
@@ -117,7 +118,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(rows[-1]), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

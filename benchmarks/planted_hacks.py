@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import provenance
 
 from feedbackrl.config import RunConfig, build_config
 from feedbackrl.data.rows import read_jsonl
@@ -185,7 +186,8 @@ def main() -> None:
                 print(json.dumps(asdict(s)), flush=True)
                 scores.append(s)
     rows = summarise(scores)
-    (args.out / "results.json").write_text(json.dumps({"runs": [asdict(s) for s in scores], "summary": rows},
+    (args.out / "results.json").write_text(json.dumps({"provenance": provenance(), "runs": [asdict(s) for s in scores],
+                                                       "summary": rows},
                                                       indent=2))
     (args.out / "table.md").write_text(table(rows) + "\n")
     print(table(rows))

@@ -33,7 +33,17 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from common import RESULT_TAG, STEP_TAG, ensure_model, flops_per_token, load_average, summarize
+from common import (
+    RESULT_TAG,
+    STEP_TAG,
+    cpu_isa,
+    cpu_name,
+    ensure_model,
+    flops_per_token,
+    load_average,
+    provenance,
+    summarize,
+)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -161,16 +171,6 @@ def versions() -> dict[str, str]:
     return out
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
         return {"gen": [("tiny", 128, 2), ("small", 32, 2)], "grpo": [("tiny", 16, 1, 4), ("small", 16, 1, 3)],
@@ -182,8 +182,9 @@ def plan(quick: bool) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     p = plan(args.quick)
-    out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
-                           "threads": args.threads, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+    out: dict[str, Any] = {"provenance": provenance(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                           "quick": args.quick, "threads": args.threads, "cpu": cpu_name(), "isa": cpu_isa(),
+                           "cpu_count": os.cpu_count(),
                            "versions": versions(), "load_at_start": load_average()}
     logdir = Path(tempfile.mkdtemp(prefix="feedbackrl-bench-"))
     with tempfile.TemporaryDirectory() as tmp:  # the models (the small one is 110 MB) go when done
@@ -246,7 +247,8 @@ def markdown(res: dict[str, Any]) -> str:
     fpt = res["flops_per_token"]
     v = res["versions"]
     lines = [
-        f"Run {res['started']} ({'quick' if res['quick'] else 'full'}), {res['cpu']}, {res['cpu_count']} cores, "
+        f"Run {res['started']} ({'quick' if res['quick'] else 'full'}) at commit {res['provenance']['commit']}, "
+        f"{res['cpu']} ({', '.join(res['isa']) or 'ISA unknown'}), {res['cpu_count']} cores, "
         f"torch threads {res['threads']}; torch {v['torch']}, transformers {v['transformers']}, trl {v['trl']}. "
         f"Load average (1 min) at start {res['load_at_start'][0]}, at end {res['load_at_end'][0]}.",
         f"Machine: torch.mm {res['matmul']['best_fp32_gflops']:.0f} GFLOP/s fp32, "

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import provenance
 
 from feedbackrl.log import MemorySink
 
@@ -212,7 +213,7 @@ def main() -> None:
                                     "wall_s": time.perf_counter() - t0})
                 print(f"{fw} seed {seed}: {curve}", flush=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sample_efficiency.json").write_text(json.dumps(res, indent=1))
+    (RESULTS / "sample_efficiency.json").write_text(json.dumps({"provenance": provenance(), **res}, indent=1))
     md = report(res)
     (RESULTS / "sample_efficiency.md").write_text(md + "\n")
     plot(res, PLOT)

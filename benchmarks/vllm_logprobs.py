@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import provenance
 
 from feedbackrl.config import RolloutConfig
 from feedbackrl.models.chat import end_token_ids
@@ -98,7 +99,8 @@ def main() -> None:
             "vllm": vllm.__version__, "torch": torch.__version__, "device": device}
     print(json.dumps(push), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"settings": rows, "weight_push": push}, indent=1) + "\n")
+    result = {"provenance": provenance(), "settings": rows, "weight_push": push}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
