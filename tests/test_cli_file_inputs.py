@@ -24,7 +24,7 @@ from feedbackrl.data.preferences import load_preference_pairs, load_rankings
 from feedbackrl.envs.dataset import DatasetTask
 
 runner = CliRunner()
-FUZZ = settings(max_examples=15, derandomize=True, deadline=None, database=None,
+FUZZ = settings(max_examples=10, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -130,7 +130,7 @@ def test_label_import_jsonl(tmp_path, label_db, data):
 
 
 @given(data=st.one_of(garbage(b"GGUF\x03\x00\x00\x00" + bytes(16)), st.binary(max_size=40).map(lambda b: b"GGUF" + b)))
-@settings(FUZZ, max_examples=8)
+@settings(FUZZ, max_examples=6)
 def test_gguf_file(tmp_path, monkeypatch, data):
     monkeypatch.setenv("FEEDBACKRL_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "m.gguf"
@@ -141,7 +141,7 @@ def test_gguf_file(tmp_path, monkeypatch, data):
 
 
 @given(config=garbage(b'{"model_type": "llama", "hidden_size": 8}'))
-@settings(FUZZ, max_examples=8)
+@settings(FUZZ, max_examples=6)
 def test_model_or_checkpoint_dir(tmp_path, config):
     ckpt = tmp_path / "step_000001"
     ckpt.mkdir(exist_ok=True)
@@ -201,3 +201,17 @@ def test_gguf_needs_accelerate_and_says_which_extra(tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert result.output.startswith("error: reading a .gguf model needs the package(s) ['accelerate']: "
                                     "`pip install 'feedbackrl[gguf]'`")
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe\x00", b"[" * 100_000, b"a = " + b"[" * 100_000], ids=["utf16", "deep-json",
+                                                                                               "deep-toml"])
+@pytest.mark.parametrize("command", ["config", "constraints", "import"])
+def test_invalid_utf8_and_deep_nesting(tmp_path, label_db, data, command):
+    path = tmp_path / "f.in"
+    path.write_bytes(data)
+    args = {"config": ["config", str(path)],
+            "constraints": ["verify", "constraints", "--response", "x", "--constraints", str(path)],
+            "import": ["label", "import", "p", str(path), "--db", label_db]}[command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert_clear_error(result, path)
