@@ -9,12 +9,13 @@ from typing import Annotated
 
 import typer
 
+from feedbackrl.cli_errors import ReportsUserErrors, fail, user_errors
 from feedbackrl.cli_judge import judge_app
 from feedbackrl.cli_label import label_app
 from feedbackrl.cli_verify import verify_app
 
 app = typer.Typer(help="RL post-training from verifiable rewards and human feedback.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=ReportsUserErrors)
 app.add_typer(verify_app, name="verify")
 app.add_typer(label_app, name="label")
 app.add_typer(judge_app, name="judge")
@@ -22,36 +23,11 @@ app.add_typer(judge_app, name="judge")
 DEMO_RECIPE = "reverse_grpo.toml"
 
 
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    from feedbackrl.config import ConfigError
-    from feedbackrl.envs.dataset import DatasetError
-    from feedbackrl.models.chat import ChatTemplateError
-    from feedbackrl.models.gguf import GGUFError
-    from feedbackrl.models.load import ModelLoadError
-    from feedbackrl.models.lora import LoRAError
-    from feedbackrl.models.policy import PrecisionError
-    from feedbackrl.rewards.python_fn import RewardFunctionError
-    from feedbackrl.train.checkpoint import CheckpointError
-    from feedbackrl.train.sft import SFTUnavailable
-
-    return (ConfigError, DatasetError, ModelLoadError, CheckpointError, SFTUnavailable, GGUFError, LoRAError,
-            ChatTemplateError, PrecisionError, RewardFunctionError)
-
-
 def _run(recipe: Path | None, overrides: list[str], out: Path, resume: Path | None) -> None:
     from feedbackrl.config import load_config
     from feedbackrl.train.run import run
 
-    try:
-        cfg = load_config(recipe, overrides)
-        run(cfg, out, resume=resume)
-    except _user_errors() as e:
-        _fail(str(e))
+    run(load_config(recipe, overrides), out, resume=resume)
 
 
 def demo_recipe_path() -> Path:
@@ -85,13 +61,10 @@ def eval_(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir o
     from feedbackrl.models.load import load_policy, load_tokenizer
     from feedbackrl.train.run import model_task, run_eval, set_threads
 
-    try:
-        cfg = load_config(recipe, set_ or [])
-        set_threads(cfg.train.threads)
-        policy, tokenizer = load_policy(model), load_tokenizer(model)
-        result = run_eval(policy, tokenizer, model_task(cfg, make_task(cfg.task), tokenizer), cfg).to_dict()
-    except _user_errors() as e:
-        _fail(str(e))
+    cfg = load_config(recipe, set_ or [])
+    set_threads(cfg.train.threads)
+    policy, tokenizer = load_policy(model), load_tokenizer(model)
+    result = run_eval(policy, tokenizer, model_task(cfg, make_task(cfg.task), tokenizer), cfg).to_dict()
     text = json.dumps(result, indent=2)
     if out:
         out.write_text(text)
@@ -104,10 +77,7 @@ def config(recipe: Annotated[Path | None, typer.Argument(help="recipe TOML (defa
     """Print the resolved configuration (all keys, with defaults filled in)."""
     from feedbackrl.config import load_config
 
-    try:
-        typer.echo(load_config(recipe, set_ or []).model_dump_json(indent=2))
-    except _user_errors() as e:
-        _fail(str(e))
+    typer.echo(load_config(recipe, set_ or []).model_dump_json(indent=2))
 
 
 def _options(fn: object) -> str:
@@ -178,7 +148,7 @@ def serve(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir (
         from feedbackrl.serve import server
         from feedbackrl.serve.openai_api import create_app
     except ImportError as e:
-        _fail(f"feedbackrl serve needs FastAPI and uvicorn: pip install 'feedbackrl[feedback]' ({e})")
+        fail(f"feedbackrl serve needs FastAPI and uvicorn: pip install 'feedbackrl[feedback]' ({e})")
     from transformers.utils import logging as hf_logging
 
     from feedbackrl.models.load import load_policy, load_tokenizer
@@ -188,13 +158,13 @@ def serve(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir (
     try:
         sock = server.bind(host, port)
     except server.ServeError as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         path = str(make_tiny(tempfile.mkdtemp(prefix="feedbackrl-tiny-"))) if model == "tiny" else model
         policy, tokenizer = load_policy(path), load_tokenizer(path)
-    except _user_errors() as e:
+    except user_errors() as e:
         sock.close()
-        _fail(str(e))
+        fail(str(e))
     if host not in server.LOOPBACK:
         typer.echo(f"warning: serving on {host}, beyond this machine, with no authentication", err=True)
     typer.echo(f"serving {model} as {name!r} on {server.url(sock)}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)
@@ -207,10 +177,7 @@ def monitor(run_dir: Annotated[Path, typer.Argument(help="a finished (or running
     """Replay a run's metrics.jsonl and samples.jsonl through the reward-hacking and health detectors."""
     from feedbackrl.monitors.replay import replay
 
-    try:
-        alerts = replay(run_dir)
-    except (FileNotFoundError, *_user_errors()) as e:
-        _fail(str(e))
+    alerts = replay(run_dir)
     for a in alerts:
         if as_json:
             typer.echo(json.dumps(a.to_dict()))
@@ -236,7 +203,7 @@ def release(run_dir: Annotated[Path, typer.Argument(help="the run's output direc
     try:
         decision, safety = release_run(run_dir, threshold=threshold, delta=delta, costs=costs)
     except (ReleaseError, DatasetError) as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(decision.reason)
     for scenario, r in safety.get("violation_rates", {}).get("by_scenario", {}).items():
         typer.echo(f"  {scenario}: violation rate {r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (n {r['n']})")

@@ -7,7 +7,10 @@ from typing import Annotated
 
 import typer
 
-judge_app = typer.Typer(help="LLM judges: measure them before training on them.", no_args_is_help=True)
+from feedbackrl.cli_errors import ReportsUserErrors
+
+judge_app = typer.Typer(help="LLM judges: measure them before training on them.", no_args_is_help=True,
+                        cls=ReportsUserErrors)
 
 CRITERION = "the response is the task's word written backwards, letter for letter"
 

@@ -17,20 +17,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from feedbackrl.cli_errors import ReportsUserErrors, fail
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 label_app = typer.Typer(help="Human feedback: labelling web app, projects, import, fill, export.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, cls=ReportsUserErrors)
 
 DbOption = Annotated[str, typer.Option("--db", envvar="FEEDBACKRL_DB",
                                        help="SQLAlchemy URL (postgresql://user@host/db) or SQLite file path")]
 DEFAULT_DB = "feedback.db"
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 @contextmanager
@@ -40,14 +37,14 @@ def _session(db: str) -> Iterator[Session]:
 
         from feedbackrl.feedback.store import FeedbackError, open_db
     except ImportError as e:
-        _fail(f"{e.name} is missing: install the feedback extra, pip install -e '.[feedback]'")
+        fail(f"{e.name} is missing: install the feedback extra, pip install -e '.[feedback]'")
     try:
         with open_db(db)() as s:
             yield s
     except FeedbackError as e:
-        _fail(str(e))
+        fail(str(e))
     except OperationalError as e:
-        _fail(f"cannot use database {db!r}: {e.orig}")
+        fail(f"cannot use database {db!r}: {e.orig}")
 
 
 @label_app.command()
@@ -77,7 +74,7 @@ def admin_token(db: DbOption = DEFAULT_DB,
     with _session(db) as s:
         if rotate:
             if not get_labeller(s, name).is_admin:
-                _fail(f"{name!r} is a labeller, not an admin")
+                fail(f"{name!r} is a labeller, not an admin")
             token = rotate_token(s, name)
         else:
             token = create_labeller(s, name, is_admin=True)[1]
@@ -139,18 +136,19 @@ def import_(project: Annotated[str, typer.Argument(help="project name")],
             file: Annotated[Path, typer.Argument(help='JSONL: {"prompt": ..., "responses": [...]} per line')],
             db: DbOption = DEFAULT_DB) -> None:
     """Add items from a JSONL file (all rows or none)."""
-    from feedbackrl.data.rows import DatasetError, read_jsonl
+    from feedbackrl.data.rows import read_jsonl
     from feedbackrl.feedback.items import add_items
-    from feedbackrl.feedback.store import get_project
+    from feedbackrl.feedback.store import FeedbackError, get_project
 
     if not file.is_file():
-        _fail(f"no such file: {file}")
-    try:
-        rows = read_jsonl(file)
-    except DatasetError as e:
-        _fail(str(e))
+        fail(f"no such file: {file}")
+    rows = read_jsonl(file)
     with _session(db) as s:
-        ids = add_items(s, get_project(s, project), rows)
+        p = get_project(s, project)
+        try:
+            ids = add_items(s, p, rows)
+        except FeedbackError as e:
+            raise FeedbackError(f"{file}: {e}") from None
     typer.echo(f"imported {len(ids)} item(s) into {project!r}")
 
 
@@ -173,7 +171,7 @@ def fill(project: Annotated[str, typer.Argument(help="project name")],
     from feedbackrl.models.load import ModelLoadError
 
     if not prompts.is_file():
-        _fail(f"no such file: {prompts}")
+        fail(f"no such file: {prompts}")
     with _session(db) as s:
         p = get_project(s, project)
         kind = p.kind
@@ -181,7 +179,7 @@ def fill(project: Annotated[str, typer.Argument(help="project name")],
         try:
             rows = sample_items(model, read_prompts(prompts), samples, kind, max_new_tokens, temperature, seed)
         except ModelLoadError as e:
-            _fail(str(e))
+            fail(str(e))
         ids = add_items(s, p, rows)
     typer.echo(f"added {len(ids)} item(s) to {project!r} from {model}")
 
@@ -197,7 +195,7 @@ def export(project: Annotated[str, typer.Argument(help="project name")],
     from feedbackrl.feedback.store import get_project
 
     if format not in FORMATS:
-        _fail(f"--format must be one of {', '.join(FORMATS)}; got {format!r}")
+        fail(f"--format must be one of {', '.join(FORMATS)}; got {format!r}")
     with _session(db) as s:
         rows = export_rows(s, get_project(s, project), format)  # type: ignore[arg-type]
     write_jsonl(rows, out)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-verify_app = typer.Typer(help="Try a reward source by hand; prints one JSON verdict.", no_args_is_help=True)
+from feedbackrl.cli_errors import ReportsUserErrors, UserInputError, read_json, read_text
+
+verify_app = typer.Typer(help="Try a reward source by hand; prints one JSON verdict.", no_args_is_help=True,
+                         cls=ReportsUserErrors)
 
 
 # Reward modules are imported inside each command: `feedbackrl --help` stays fast, and a command
@@ -33,15 +35,14 @@ def verify_constraints(
     constraints: Path = typer.Option(..., help='JSON file with a list of specs: [{"id": "no_commas"}, ...].'),
 ) -> None:
     """Check RESPONSE against instruction-following constraints; score = fraction satisfied."""
-    from feedbackrl.rewards.instructions import ConstraintsVerifier
+    from feedbackrl.rewards.instructions import ConstraintError, ConstraintsVerifier
     from feedbackrl.rewards.verdict import Problem
 
+    specs = read_json(constraints, "bad constraints file")
     try:
-        specs = json.loads(constraints.read_text())
         verifier = ConstraintsVerifier.from_specs(specs)
-    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-        typer.echo(f"error: bad constraints file {constraints}: {e}", err=True)
-        raise typer.Exit(code=2) from e
+    except ConstraintError as e:
+        raise UserInputError(f"bad constraints file {str(constraints)!r}: {e}") from None
     typer.echo(verifier(Problem(prompt="", answer=specs), response).to_json())
 
 
@@ -49,17 +50,16 @@ def verify_constraints(
 def verify_code(
     program: Path = typer.Option(..., help="Python file to run (a ```python block in it is extracted)."),
     tests: Path = typer.Option(..., help='JSON tests: {"io": [{"input", "output"}, ...], "asserts": [...]}.'),
-    timeout: float = typer.Option(2.0, help="Wall-clock seconds per test."),
+    timeout: float = typer.Option(2.0, min=0.05, help="Wall-clock seconds per test."),
 ) -> None:
     """Run PROGRAM against TESTS in the code sandbox; score = fraction of tests passed."""
-    from feedbackrl.rewards.code import CodeVerifier
-    from feedbackrl.rewards.sandbox import SandboxUnavailable
+    from feedbackrl.rewards.code import BadTests, CodeVerifier, parse_tests
     from feedbackrl.rewards.verdict import Problem
 
+    source, spec = read_text(program, "program"), read_json(tests, "tests file")
     try:
-        source, spec = program.read_text(), tests.read_text()
-        verifier = CodeVerifier(timeout_s=timeout)
-    except (OSError, ValueError, SandboxUnavailable) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(code=2) from e
+        parse_tests(spec)
+    except BadTests as e:
+        raise UserInputError(f"bad tests file {str(tests)!r}: {e}") from None
+    verifier = CodeVerifier(timeout_s=timeout)
     typer.echo(verifier(Problem(prompt="", answer=spec), source).to_json())

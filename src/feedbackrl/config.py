@@ -569,9 +569,13 @@ def read_recipe(path: str | Path | None) -> tuple[dict[str, Any], str]:
     if not path.is_file():
         raise ConfigError(f"recipe {str(path)!r} does not exist")
     try:
-        return tomllib.loads(path.read_text()), str(path)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {e}") from None
+        return tomllib.loads(path.read_text(encoding="utf-8")), str(path)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"recipe {str(path)!r} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise ConfigError(f"recipe {str(path)!r} cannot be read: {e.strerror or e}") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as e:  # tomllib recurses once per nested array or table
+        raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {e or 'nested too deeply'}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -231,18 +231,34 @@ def resumed_against_uninterrupted(model_dir: Path, tmp_path: Path, cfg: RunConfi
     return want, want_rows, got, rows, scored
 
 
+class DiesOnceTimingReceives(DiesOnce):
+    """DiesOnce, appending how long each of its weight broadcasts took, and how it ended, to `marker`.receives."""
+
+    def receive(self, version, generation):
+        t0, outcome = time.monotonic(), "failed"
+        try:
+            got = super().receive(version, generation)
+            outcome = "ok"
+            return got
+        finally:
+            with open(self.marker + ".receives", "a") as f:
+                f.write(f"{self.member.rank} {version} {outcome} {time.monotonic() - t0:.3f}\n")
+
+
 def test_asynchronous_collective_sync_survives_a_killed_worker(tiny_model_dir, tmp_path):
     # the worker dies sampling the prefetched batch 2; the broadcast after update 1 waits for that share, finds
     # the worker dead and makes the group again; then the share is gathered, found lost and generated again
     # with the weights the regroup sent: one death, counted once, every completion scored once
     marker = tmp_path / "died"
-    cls = type("DiesOnceHere", (DiesOnce,), {"marker": str(marker)})
+    cls = type("DiesOnceHere", (DiesOnceTimingReceives,), {"marker": str(marker)})
     lines: list[str] = []
     cfg = config(4, rollout_workers=2, max_staleness=1, weight_sync="collective")
     _, rows, scored = run(tiny_model_dir, tmp_path / "out", cfg, 2, worker_cls=cls, log=lines.append)
-    # No bound on the run's time here, unlike the synchronous test: in this asynchronous case the live worker was
-    # once seen to stay in the broken group's broadcast until the collective timeout (120 s) instead of failing
-    # out when the learner left the group (docs/scale.md, "Known issue"). The run's results are right either way.
+    # the live worker may be left in the broken group's broadcast: it fails out when the learner drops the group,
+    # not at the collective timeout (it sat there 120 s while the group's destructor hung: docs/scale.md). The
+    # bound is on each broadcast a worker waited in, not on the run, whose time follows the machine's load
+    receives = [line.split() for line in (tmp_path / "died.receives").read_text().splitlines()]
+    assert max(float(t) for *_, t in receives) < weight_sync.COLLECTIVE_TIMEOUT_S / 2, receives
     assert marker.exists() and scored == 4 * 12
     assert [rows[s]["scale/worker_restarts"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]
     assert len(lines) == 2 and "weight broadcast failed" in lines[0] and "rows 6..11 generated again" in lines[1]

@@ -93,11 +93,12 @@ class _BadRow(Exception):
 # --- loading ----------------------------------------------------------------------------------
 
 
-def _collect(rows: Iterable[Any], parse: Callable[[Mapping[str, Any], int], T],
+def _collect(source: Any, parse: Callable[[Mapping[str, Any], int], T],
              on_bad_row: OnBadRow, what: str) -> tuple[list[T], list[RowIssue]]:
     if on_bad_row not in ("fail", "drop"):
         raise ValueError(f"on_bad_row must be 'fail' or 'drop'; got {on_bad_row!r}")
-    rows = list(rows)
+    rows = read_rows(source, bad_lines="keep")
+    where = f"{source}: " if isinstance(source, str | Path) else ""  # a file is named; in-memory rows need not be
     items: list[T] = []
     issues: list[RowIssue] = []
     for i, row in enumerate(rows):
@@ -113,8 +114,10 @@ def _collect(rows: Iterable[Any], parse: Callable[[Mapping[str, Any], int], T],
     if issues and on_bad_row == "fail":
         shown = "\n  ".join(str(x) for x in issues[:SHOWN_ISSUES])
         more = f"\n  ... and {len(issues) - SHOWN_ISSUES} more" if len(issues) > SHOWN_ISSUES else ""
-        raise DatasetError(f"{len(issues)} bad {what} row(s) out of {len(rows)}:\n  {shown}{more}\n"
+        raise DatasetError(f"{where}{len(issues)} bad {what} row(s) out of {len(rows)}:\n  {shown}{more}\n"
                            "Fix the data or pass on_bad_row='drop' to skip them.", issues)
+    if not items:  # dropping every row leaves nothing to train on
+        raise DatasetError(f"{where}all {len(rows)} {what} row(s) are bad, e.g. {issues[0]}", issues)
     return items, issues
 
 
@@ -122,15 +125,13 @@ def load_preference_pairs(source: str | Path | Iterable[Any], on_bad_row: OnBadR
                           tokenizer: ChatTokenizer | None = None
                           ) -> tuple[list[PreferencePair], list[RowIssue]]:
     """Rows in any accepted pair format -> (pairs, dropped issues). See the module docstring."""
-    return _collect(read_rows(source, bad_lines="keep"), lambda row, i: parse_pair(row, i, tokenizer), on_bad_row,
-                    "preference")
+    return _collect(source, lambda row, i: parse_pair(row, i, tokenizer), on_bad_row, "preference")
 
 
 def load_rankings(source: str | Path | Iterable[Any], on_bad_row: OnBadRow = "fail",
                   tokenizer: ChatTokenizer | None = None) -> tuple[list[Ranking], list[RowIssue]]:
     """Rows with prompt + responses (best first) or responses + ranks -> (rankings, dropped issues)."""
-    return _collect(read_rows(source, bad_lines="keep"), lambda row, i: parse_ranking(row, i, tokenizer),
-                    on_bad_row, "ranking")
+    return _collect(source, lambda row, i: parse_ranking(row, i, tokenizer), on_bad_row, "ranking")
 
 
 # --- fields and chat --------------------------------------------------------------------------

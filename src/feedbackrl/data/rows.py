@@ -16,6 +16,7 @@ can drop bad rows reports them with the others.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,16 +46,34 @@ class BadLine:
     error: str
 
 
+def read_text(path: Path) -> str:
+    """A data file's text; a DatasetError naming it when it cannot be read or is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as UTF-8") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def _json_value(text: str) -> Any:
+    """json.loads, with too deep a nesting reported as a JSONDecodeError (json recurses once per level)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+
+
 def read_jsonl(path: str | Path, bad_lines: Literal["fail", "keep"] = "fail") -> list[Any]:
     """One JSON value per non-blank line. A line that is not JSON raises a DatasetError naming it,
     or with `bad_lines="keep"` becomes a `BadLine` in its place."""
     path = Path(path)
     rows: list[Any] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(_json_value(line))
         except json.JSONDecodeError as e:
             if bad_lines == "fail":
                 raise DatasetError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
@@ -73,11 +92,11 @@ def write_jsonl(rows: Iterable[Any], path: str | Path) -> Path:
 
 
 def _read_json(path: Path, bad_lines: Literal["fail", "keep"]) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if not text.lstrip().startswith("["):
         return read_jsonl(path, bad_lines)
     try:
-        rows = json.loads(text)
+        rows = _json_value(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
     return rows
@@ -94,15 +113,17 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    rows = []
+    try:
         header = reader.fieldnames or []
-        rows = []
         for i, row in enumerate(reader):
             if None in row or None in row.values():  # DictReader's marks for too many / too few fields
                 n = len(header) + len(row[None]) if None in row else sum(v is not None for v in row.values())
                 raise DatasetError(f"{path}: row {i} has {n} fields but the header has {len(header)}: {header}")
             rows.append(row)
+    except csv.Error as e:  # a NUL byte, an unterminated quote at the end, a field over csv's size limit
+        raise DatasetError(f"{path}: not a readable CSV file (line {reader.line_num}: {e})") from None
     return rows
 
 

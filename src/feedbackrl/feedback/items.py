@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from feedbackrl.data.rows import DatasetError, read_jsonl
+from feedbackrl.data.rows import DatasetError, read_jsonl, read_text
 from feedbackrl.feedback.store import FeedbackError, Item, Project, check_text
 
 TEXT_MAX = 100_000
@@ -91,7 +91,11 @@ def read_prompts(path: Path) -> list[str]:
         if bad:
             raise FeedbackError(f"{path}: rows {bad[:SHOWN]} have no text 'prompt' field")
         return [r["prompt"] for r in rows]
-    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = read_text(path)
+    except DatasetError as e:
+        raise FeedbackError(str(e)) from None
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def group_samples(prompt: str, samples: list[str], kind: str, meta: dict[str, Any]) -> list[dict[str, Any]]:

@@ -62,21 +62,40 @@ def _cache_dir(gguf: Path) -> Path:
     return cache_root() / "gguf" / f"{gguf.stem}-{key}"
 
 
+# what transformers needs to load a GGUF file: the reader, and accelerate (`from_pretrained(gguf_file=...)`
+# refuses to start without it)
+GGUF_PACKAGES = ("gguf", "accelerate")
+MAGIC = b"GGUF"
+
+
 def _require_gguf_extra() -> None:
-    missing = [m for m in ("gguf",) if importlib.util.find_spec(m) is None]
+    missing = [m for m in GGUF_PACKAGES if importlib.util.find_spec(m) is None]
     if missing:
         raise GGUFError(f"reading a .gguf model needs the package(s) {missing}: `pip install 'feedbackrl[gguf]'` "
-                        "(or `pip install gguf`)")
+                        f"(or `pip install {' '.join(missing)}`)")
+
+
+def _check_magic(gguf: Path) -> None:
+    with gguf.open("rb") as f:
+        head = f.read(len(MAGIC))
+    if head != MAGIC:
+        raise GGUFError(f"{str(gguf)!r} is not a GGUF file: it starts with {head!r}, not {MAGIC!r} (a truncated "
+                        "download, or another format under a .gguf name?)")
 
 
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """De-quantise `gguf` to a float32 Hugging Face directory `out` (model, tokenizer, generation config)."""
     _require_gguf_extra()
+    _check_magic(gguf)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - a corrupt or unsupported file fails anywhere in the reader: say which
+        raise GGUFError(f"{str(gguf)!r} cannot be read as a GGUF model ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:300] if str(e) else 'no detail'})") from None
     # save_pretrained refuses a model that went through the GGUF quantizer: rebuild it from its config,
     # without the config's quantization_config (kept, it would mark every later load as GGUF-quantised)
     config = loaded.config

@@ -20,6 +20,11 @@ def _looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
 def resolve_model_path(name: str) -> str:
     """A local directory must hold a config.json; a .gguf file or packaged model name (see `models/gguf.py`)
     converts once to a cached directory; anything else must look like a hub id."""
@@ -46,8 +51,8 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     src = resolve_model_path(name)
     try:
         tok = AutoTokenizer.from_pretrained(src)
-    except OSError as e:
-        raise ModelLoadError(f"could not load a tokenizer from {name!r}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - a corrupt file fails anywhere in transformers' readers: say which dir
+        raise ModelLoadError(f"could not load a tokenizer from {name!r}: {_first_line(e)}") from e
     if tok.pad_token is None:  # many causal LMs ship without one; EOS is the usual stand-in
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -61,8 +66,8 @@ def load_policy(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedMode
         return load_adapter_dir(Path(src), lambda base: load_policy(base, dtype))
     try:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - a corrupt file fails anywhere in transformers' readers: say which dir
         raise ModelLoadError(
-            f"could not load a causal LM from {name!r}: {e}. Without network access only local "
+            f"could not load a causal LM from {name!r}: {_first_line(e)}. Without network access only local "
             "directories load.") from e
     return model

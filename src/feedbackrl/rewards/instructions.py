@@ -60,6 +60,11 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+class ConstraintError(ValueError):
+    """A constraint spec that cannot be checked; the message names the spec, the id or parameter and what is
+    allowed."""
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter a checker takes: its type, and its default if it is optional."""
@@ -99,10 +104,10 @@ _TYPE_NAMES: dict[Any, str] = {int: "an integer >= 0", str: "a non-empty string"
 def _check_value(where: str, param: Param, value: Any) -> None:
     if not _type_ok(value, param.type):
         wanted = _TYPE_NAMES.get(param.type, "a non-empty list of strings")
-        raise ValueError(f"{where}: param {param.name!r} must be {wanted}, got {value!r}")
+        raise ConstraintError(f"{where}: param {param.name!r} must be {wanted}, got {value!r}")
     rule = _VALUE_RULES.get(param.name)
     if rule is not None and not rule[0](value):
-        raise ValueError(f"{where}: param {param.name!r} must be {rule[1]}, got {value!r}")
+        raise ConstraintError(f"{where}: param {param.name!r} must be {rule[1]}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -120,12 +125,12 @@ class Constraint:
 
 
 def load_constraint(spec: Mapping[str, Any], where: str = "constraint") -> Constraint:
-    """Validate one spec dict. Raises ValueError naming the id or parameter and what is allowed."""
+    """Validate one spec dict. Raises ConstraintError naming the id or parameter and what is allowed."""
     if not isinstance(spec, Mapping) or "id" not in spec:
-        raise ValueError(f"{where}: expected an object with an 'id' key, got {spec!r}")
+        raise ConstraintError(f"{where}: expected an object with an 'id' key, got {spec!r}")
     constraint_id = spec["id"]
-    if constraint_id not in CHECKERS:
-        raise ValueError(f"{where}: unknown constraint id {constraint_id!r}; allowed: {sorted(CHECKERS)}")
+    if not isinstance(constraint_id, str) or constraint_id not in CHECKERS:
+        raise ConstraintError(f"{where}: unknown constraint id {constraint_id!r}; allowed: {sorted(CHECKERS)}")
     where = f"{where} {constraint_id!r}"
     params = {p.name: p for p in checker_params(constraint_id)}
     allowed = ", ".join(p.describe() for p in params.values()) or "none"
@@ -134,7 +139,7 @@ def load_constraint(spec: Mapping[str, Any], where: str = "constraint") -> Const
     missing = [name for name, p in params.items() if p.required and name not in given]
     if unknown or missing:
         problem = f"unknown params {unknown}" if unknown else f"missing params {missing}"
-        raise ValueError(f"{where}: {problem}; params: {allowed}")
+        raise ConstraintError(f"{where}: {problem}; params: {allowed}")
     for name, value in given.items():
         _check_value(where, params[name], value)
     return Constraint(constraint_id, {**{n: p.default for n, p in params.items() if not p.required}, **given})
@@ -143,10 +148,10 @@ def load_constraint(spec: Mapping[str, Any], where: str = "constraint") -> Const
 def load_constraints(specs: Iterable[Mapping[str, Any]]) -> list[Constraint]:
     """Validate a list of specs; the error names the index of the bad one."""
     if isinstance(specs, str | bytes | Mapping) or not isinstance(specs, Iterable):
-        raise ValueError(f"constraints must be a list of spec objects, got {type(specs).__name__}")
+        raise ConstraintError(f"constraints must be a list of spec objects, got {type(specs).__name__}")
     constraints = [load_constraint(spec, where=f"constraint #{i}") for i, spec in enumerate(specs)]
     if not constraints:
-        raise ValueError("constraints list is empty: a prompt needs at least one constraint to score")
+        raise ConstraintError("constraints list is empty: a prompt needs at least one constraint to score")
     return constraints
 
 
@@ -160,7 +165,7 @@ class ConstraintsVerifier:
     """Scores the fraction of constraints a response satisfies; passes when it satisfies all.
 
     constraints: a fixed list for every problem; when None, each problem carries its own specs
-    (meta["constraints"] or answer) and bad specs raise ValueError: that is a task bug, not
+    (meta["constraints"] or answer) and bad specs raise ConstraintError: that is a task bug, not
     the completion's fault. Validate them at dataset load with `load_constraints`.
     """
 

@@ -4,7 +4,8 @@
 `load_state_dict`s it before its next share.
 
 `collective`: the learner (rank 0, in the driver) and the W rollout workers (ranks 1..W) form one
-torch.distributed process group, and after each update the learner broadcasts its tensors: each
+torch.distributed group (a backend object each side owns, not torch.distributed's default group:
+`new_group`), and after each update the learner broadcasts its tensors: each
 large one (`PACK_BELOW` elements or more) as it is, with no copy, and each run of smaller ones packed
 into one message. A worker's tensors are views into one flat buffer per dtype (bound once, when it
 first joins), and every message is a contiguous slice of one, so the broadcast lands in its model in
@@ -153,19 +154,38 @@ def check_layout(mine: Layout, learner: Layout) -> None:
     raise ValueError(f"rollout worker's model has {len(mine)} tensors, the learner's {len(learner)}")
 
 
-def join_group(store: dist.Store, rank: int, world: int, generation: int, backend: str) -> None:
-    """Leave this process's weight group if in one, then join generation `generation` of it."""
-    leave_group()
-    dist.init_process_group(backend, store=dist.PrefixStore(f"weights/{generation}", store), rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+def new_group(store: dist.Store, rank: int, world: int, generation: int, backend: str) -> dist.Backend:
+    """This process's member of generation `generation` of the weight group (blocks until every rank joins).
+
+    The group is a backend object of its own, not torch.distributed's default group: its owner drops it to leave.
+    Gloo runs it on one worker thread (its default is two; the broadcasts are issued one at a time anyway): when
+    a group whose broadcast failed was destroyed, the destructor's wake-up of two idle worker threads was seen
+    to block in glibc 2.36's condition variable (`pthread_cond_broadcast`, in `__condvar_quiesce_and_switch_g1`)
+    until the live peer's own timeout, the old group's sockets kept open all that while.
+    """
+    prefixed = dist.PrefixStore(f"weights/{generation}", store)
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, world, opts)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices, opts._threads, opts._timeout = [dist.ProcessGroupGloo.create_default_device()], 1, timeout
+    return dist.ProcessGroupGloo(prefixed, rank, world, opts)
 
 
-def leave_group() -> None:
-    """Destroy this process's group; its sockets close once nothing refers to it (hence the collection: gloo's
-    shutdown leaves them open while, say, a traceback's frames still hold the group)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-        gc.collect()
+def broadcast(group: dist.Backend, tensor: Tensor) -> None:
+    """Rank 0's `tensor` into every rank's `tensor`, in place; raises when a peer died or the timeout passed."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    group.broadcast([tensor], opts).wait()
+
+
+def leave(member: Any) -> None:
+    """Drop `member.group`, and collect what may still refer to it: its sockets close with its last reference (a
+    traceback's frames can hold one), which fails any broadcast a peer is still blocked in."""
+    member.group = None
+    gc.collect()
 
 
 def wait_alive(worker: Any, k: int) -> None:
@@ -188,6 +208,7 @@ class GroupMember:
     def __init__(self) -> None:
         self.flats: dict[str, Tensor] | None = None
         self.store: dist.Store | None = None
+        self.group: dist.Backend | None = None
         self.segments: list[Segment] = []
         self.generation, self.rank = -1, 0
 
@@ -200,15 +221,16 @@ class GroupMember:
         if self.store is None:
             self.store = dist.TCPStore(address, port, is_master=False,
                                        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        join_group(self.store, rank, world, generation, backend)
+        leave(self)
+        self.group = new_group(self.store, rank, world, generation, backend)
         self.generation, self.rank = generation, rank
 
     def receive(self, generation: int) -> None:
-        if self.flats is None or generation != self.generation:
+        if self.flats is None or self.group is None or generation != self.generation:
             raise RuntimeError(f"rollout worker is in weight group generation {self.generation}, not {generation} "
                                "(restarted since): it rejoins when the group is made again")
         for view in targets(self.flats, self.segments):
-            dist.broadcast(view, src=0)
+            broadcast(self.group, view)
 
 
 class ObjectStoreSync:
@@ -264,6 +286,7 @@ class CollectiveSync:
         # the model whose weights the workers were last sent: it holds them until the next push (the loop trains
         # only between a batch's collect and the update), so a regroup sends them again from it
         self.generation, self.version, self.model = -1, 0, None
+        self.group: dist.Backend | None = None
         self.deaths = 0  # broadcasts that found a worker dead
         self._regroup()
 
@@ -303,27 +326,27 @@ class CollectiveSync:
 
         refs = [w.receive.remote(self.version, self.generation) for w in self.workers]
         for buf in messages(self.model.state_dict(), self.segments, self.device):
-            dist.broadcast(buf, src=0)
+            broadcast(self.group, buf)
         ray.get(refs)
 
     def _regroup(self) -> None:
         """Every worker alive, then all of them and the learner in a new generation of the group, same weights."""
         import ray
 
-        leave_group()  # closes the learner's sockets: a worker blocked in the old group's broadcast fails out of it
+        leave(self)  # closes the learner's sockets: a worker blocked in the old group's broadcast fails out of it
         for k, w in enumerate(self.workers):
             wait_alive(w, k)
         self.generation += 1
         world, backend = len(self.workers) + 1, group_backend(self.device)
         refs = [w.join.remote(self.address, self.store.port, rank, world, self.generation, self.layout,
                               self.segments, backend) for rank, w in enumerate(self.workers, start=1)]
-        join_group(self.store, 0, world, self.generation, backend)
+        self.group = new_group(self.store, 0, world, self.generation, backend)
         ray.get(refs)
         if self.model is not None:  # none before the first update: every worker holds the initial weights
             self._broadcast()
 
     def close(self) -> None:
-        leave_group()
+        leave(self)
         self.model, self.store = None, None  # the store's server stops with its last reference
 
 
