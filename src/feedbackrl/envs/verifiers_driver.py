@@ -46,15 +46,24 @@ from typing import Any
 
 
 def _env(req: dict[str, Any]) -> Any:
-    from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+    """The environment as verifiers itself resolves it: the taskset's own `Env` class (else
+    `SingleAgentEnv`) and that class's config type, with each of its declared agent seats (whatever
+    their names) overridden only where we must: the local subprocess runtime (never a remote
+    sandbox), and the request's harness and turn limit on seats that leave them unset."""
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
 
-    agent: dict[str, Any] = {"runtime": {"type": "subprocess"}}  # never a remote sandbox
-    if req.get("harness"):
-        agent["harness"] = {"id": req["harness"]}
-    if req.get("max_turns"):
-        agent["max_turns"] = int(req["max_turns"])
-    config = resolve_env_config({"taskset": {"id": req["env"], **req.get("taskset", {})}, "agent": agent})
-    return load_environment(config)
+    cls = env_config_type(req["env"])
+    seats = {name: f.default for name, f in cls.model_fields.items() if isinstance(f.default, AgentConfig)}
+    data: dict[str, Any] = {"taskset": {"id": req["env"], **req.get("taskset", {})}}
+    for name, default in seats.items():
+        seat: dict[str, Any] = {"runtime": {"type": "subprocess"}}
+        if req.get("harness") and default.harness is None:
+            seat["harness"] = {"id": req["harness"]}
+        if req.get("max_turns") and default.max_turns is None:
+            seat["max_turns"] = int(req["max_turns"])
+        data[name] = seat
+    return load_environment(resolve_env_config(data))
 
 
 def _message_text(message: Any) -> dict[str, Any]:
@@ -153,7 +162,10 @@ def _episode(idx: int, episode: Any) -> dict[str, Any]:
 
 
 async def handle(session: Session, req: dict[str, Any]) -> dict[str, Any]:
-    sys.path[:0] = [p for p in req.get("path", []) if p not in sys.path]
+    add = [p for p in req.get("path", []) if p not in sys.path]
+    sys.path[:0] = add
+    if add:  # and for its children: tool servers run as `python -m <module>` in the subprocess runtime
+        os.environ["PYTHONPATH"] = os.pathsep.join([*add, *filter(None, [os.environ.get("PYTHONPATH")])])
     if req["command"] == "list":
         return list_tasks(session.env(req))
     if req["command"] == "run":
