@@ -12,6 +12,7 @@ FEEDBACKRL_VERIFIERS_PYTHON at another verifiers interpreter).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from difflib import SequenceMatcher
@@ -184,3 +185,42 @@ def test_grpo_steps_through_feedbackrl_train(tmp_path: Path) -> None:
                                                                                            word[::-1]).ratio())}
     before = json.loads((out / "eval_before.json").read_text())
     assert before["n"] == 4 and 0.0 <= before["accuracy"] <= 1.0
+
+
+# Third-party-style environments (tests/envs/verifiers_envs): their own `Env` subclass with an agent seat
+# named `player`, played turn by turn with `agents.player.interaction(task)`, and a variant whose tasks
+# launch a calculator `vf.Toolset` per rollout. Verifiers resolves their config; we only set each seat's
+# runtime (local subprocess).
+THIRD_PARTY = ROOT / "tests" / "envs" / "verifiers_envs"
+TOOLS_RENDERER = '{ name = "default", tool_parser = "qwen3" }'  # a renderer that takes tools
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["guess_number", "guess_number_tools"])
+def test_grpo_on_a_third_party_env_with_its_own_env_class(tmp_path: Path, env: str) -> None:
+    out = tmp_path / "run"
+    sets = [f"task.options.env={env}", f"task.options.python={PYTHON}", f'task.options.path=["{THIRD_PARTY}"]',
+            "task.options.taskset={ num_tasks = 8 }", "task.options.heldout_tasks=2", "task.heldout_size=2",
+            "sft.steps=2", "sft.batch_size=4", "algo.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2",
+            "rollout.max_new_tokens=4", "train.threads=1"]
+    if env == "guess_number_tools":
+        sets.append(f"task.options.renderer={TOOLS_RENDERER}")
+    result = CliRunner().invoke(app, ["train", str(ROOT / "recipes" / "verifiers_grpo.toml"), "--out", str(out),
+                                      *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rl = [m for m in rl if m.get("phase") == "rl"]
+    episodes = read_transcripts(out / "episodes.jsonl")
+    assert [m["step"] for m in rl] == [1, 2] and [s for s, _ in episodes] == [1] * 4 + [2] * 4
+    for m in rl:
+        assert m["episode/end/error"] == 0.0  # every episode played to its end by verifiers
+        assert m["rollout/logprob_gap_max"] < 1e-4  # the trained tokens are the ones the policy sampled
+        assert m["rollout/len_mean"] > 0 and math.isfinite(m["loss/policy"]) and math.isfinite(m["grad_norm"])
+        assert m["reward/mean"] == pytest.approx(sum(r.reward for s, r in episodes if s == m["step"]) / 4)
+    for _, r in episodes:
+        # the env's own game loop: the prompt, then the player's guesses and the game's answers in turn
+        assert r.messages[0]["role"] == "user" and r.messages[0]["content"].startswith("guess 1-3=")
+        replies = [(m["content"] or "").strip() for m in r.messages if m["role"] == "assistant"]
+        assert 1 <= len(replies) <= 3
+        assert r.reward == float(r.verdict.details["rewards"] == {"solved": 1.0})
+        assert r.verdict.details["rewards"]["solved"] in (0.0, 1.0)
