@@ -31,7 +31,10 @@ machine). A request that fails answers ``{"error": "..."}`` (the traceback goes 
   log-prob of each sampled token (0.0 elsewhere).
 
 The environment module is found by its id the way `verifiers` finds it (``import <id>``, dashes as
-underscores), on this interpreter's path plus the request's `path` entries.
+underscores), on this interpreter's path plus the request's `path` entries (also exported on
+``PYTHONPATH`` for the tool servers verifiers starts). Its config is resolved by verifiers: the
+package's own `vf.Env` subclass and config class, whatever its agent seats are named; we set only
+each seat's runtime (local subprocess) and, where the seat leaves them unset, `harness` and `max_turns`.
 """
 
 from __future__ import annotations
