@@ -195,6 +195,33 @@ THIRD_PARTY = ROOT / "tests" / "envs" / "verifiers_envs"
 TOOLS_RENDERER = '{ name = "default", tool_parser = "qwen3" }'  # a renderer that takes tools
 
 
+# Runs in the verifiers virtualenv: the config the driver builds for an environment, as verifiers resolved it.
+_RESOLVED = """
+import json, sys
+import verifiers_driver
+env = verifiers_driver._env({"env": sys.argv[1], "taskset": {"num_tasks": 3}, "harness": "bash", "max_turns": 5})
+seat = env.config.player
+print(json.dumps({"env": type(env).__name__, "config": type(env.config).__name__, "runtime": seat.runtime.type,
+                  "harness": seat.harness.id, "max_turns": seat.max_turns, "tasks": len(list(env.taskset)),
+                  "agent": "agent" in type(env.config).model_fields}))
+"""
+
+
+@pytest.mark.parametrize(("env", "cls"), [("guess_number", "GuessNumberEnv"), ("guess_number_tools", "GuessToolsEnv")])
+def test_the_driver_lets_verifiers_resolve_the_envs_own_config(env: str, cls: str) -> None:
+    from feedbackrl.envs.verifiers_env import DRIVER
+
+    path = os.pathsep.join([str(THIRD_PARTY), str(DRIVER.parent)])
+    proc = subprocess.run([str(PYTHON), "-c", _RESOLVED, env], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # its own Env class and config, its seat `player` (no `agent` seat added); only the runtime is ours, and the
+    # seat's own pinned harness (null) wins over the request's; the turn limit it leaves unset is filled
+    assert out == {"env": cls, "config": "GuessNumberEnvConfig", "runtime": "subprocess", "harness": "null",
+                   "max_turns": 5, "tasks": 3, "agent": False}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ["guess_number", "guess_number_tools"])
 def test_grpo_on_a_third_party_env_with_its_own_env_class(tmp_path: Path, env: str) -> None:
