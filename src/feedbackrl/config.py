@@ -415,12 +415,14 @@ class RunConfig(Section):
         a, n = self.algo, self.rollout.prompts_per_step * self.rollout.group_size
         if a.name in ONLINE_ALGOS and n % a.minibatches:
             raise ValueError(f"algo.minibatches={a.minibatches} must divide prompts_per_step*group_size={n}")
-        if self.scale.uses_ray and a.name not in ("grpo", "rloo"):
-            raise ValueError(f"scale.rollout_workers / scale.reward_workers work with algo.name grpo and rloo so far, "
-                             f"not {a.name!r}")
-        if self.rollout.backend == "vllm" and a.name not in ("grpo", "rloo"):
-            raise ValueError(f"rollout.backend = 'vllm' samples the rollouts of grpo and rloo so far, not "
-                             f"algo.name = {a.name!r}; use rollout.backend = 'native'")
+        # which on-policy algorithm runs with Ray workers, vLLM, torchrun or [constraint] is its objective's
+        # `capabilities` (train/onpolicy.py), checked by the run path before any work
+        if self.scale.uses_ray and a.name not in ONLINE_ALGOS:
+            raise ValueError(f"scale.rollout_workers / scale.reward_workers sample the rollouts of online RL "
+                             f"({', '.join(ONLINE_ALGOS)}), not algo.name = {a.name!r}")
+        if self.rollout.backend == "vllm" and a.name not in ONLINE_ALGOS:
+            raise ValueError(f"rollout.backend = 'vllm' samples the rollouts of online RL ({', '.join(ONLINE_ALGOS)}), "
+                             f"not algo.name = {a.name!r}; use rollout.backend = 'native'")
         if self.rollout.backend == "vllm" and self.scale.uses_ray:
             raise ValueError(f"rollout.backend = 'vllm' runs without Ray workers so far: set scale.rollout_workers = 0 "
                              f"and scale.reward_workers = 0 (got {self.scale.rollout_workers} and "
@@ -469,9 +471,6 @@ class RunConfig(Section):
         if self.constraint is not None and self.cost is None:
             raise ValueError("[constraint] keeps the cost under constraint.threshold: add a [cost] section naming "
                              "the cost source")
-        if self.constraint is not None and a.name == "ppo":
-            raise ValueError("[constraint] with algo.name = 'ppo': PPO-Lagrangian (a cost value head) is not yet "
-                             "supported; use algo.name = 'grpo' or 'rloo'")
         if self.constraint is not None and (self.scale.uses_ray or self.rollout.backend == "vllm"):
             raise ValueError("[constraint] with Ray workers or rollout.backend = 'vllm' is not yet supported: the "
                              "cost is scored in the learner process; set scale.rollout_workers = 0, "

@@ -16,6 +16,12 @@ ascent step on lambda (J_C - d), with J_C the mean cost over a window of recent 
 GRPO-Lagrangian (`grpo_lagrangian_advantages`) applies the same combination to GRPO's
 group-relative advantages of the rewards and of the costs (`algos.advantages.group_advantages`).
 
+PPO-Lagrangian, Safe RLHF's own form, has a cost value head beside the reward value head: GAE
+(`algos.ppo.gae`) runs on the reward and on the cost separately, each over its own values, and the
+per-token advantages are combined (`ppo_lagrangian_advantages`). The per-token KL penalty goes into
+both signals with opposite signs (`kl_shaped_costs`, beside `algos.ppo.kl_penalised_rewards`), so the
+combined advantage carries the KL term at one weight whatever lambda: (kl + lambda kl) / (1 + lambda).
+
 A multiplier learned by gradient ascent is an integral controller on the violation J_C - d: it
 keeps growing while the cost is over the threshold and needs as long to come down, so with a
 policy that lags behind lambda the cost overshoots and oscillates around d. Stooke et al. 2020
@@ -35,6 +41,12 @@ Departures, shared by both updates:
 - Cap. lambda never exceeds `lambda_max`, the reference trainer's `lambda_max` (the paper has none):
   a large lambda drives the combined advantage towards -A_c and stops reward learning altogether.
   PID caps the integral term too (anti-windup): I stops at lambda_max / K_I.
+- PPO-Lagrangian's KL. Safe RLHF's reference trainer puts half the penalty into each signal (0.5 kl
+  into the reward, -0.5 kl into the cost), so its combined advantage carries kl_coef / 2; here each
+  gets the whole penalty, so `algo.kl_coef` means what it means in PPO. It whitens neither
+  advantage; here, with `algo.whiten_advantages`, each is whitened on its own before they are
+  combined (as GRPO-Lagrangian scales each by its own group std), so lambda trades the two at
+  one scale.
 - The plain update is one step of SGD on log lambda with its own rate `lr`, the reference
   trainer's optimiser (the paper writes the same step); the state is plain Python floats so
   a checkpoint holds it bit-exactly (`to_dict` / `from_dict`).
@@ -49,6 +61,7 @@ from typing import Any
 from torch import Tensor
 
 from feedbackrl.algos.advantages import group_advantages
+from feedbackrl.algos.ppo import kl_penalised_rewards, whiten
 
 
 def combined_advantages(reward_advantages: Tensor, cost_advantages: Tensor, lam: float | Tensor) -> Tensor:
@@ -79,6 +92,38 @@ def grpo_lagrangian_advantages(rewards: Tensor, costs: Tensor, group_size: int, 
     cost_adv = group_advantages(costs, group_size, scale=scale, eps=eps)
     stats = {"advantages/reward": reward_adv.detach(), "advantages/cost": cost_adv.detach()}
     return combined_advantages(reward_adv, cost_adv, lam), stats
+
+
+def kl_shaped_costs(costs: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor,
+                    kl_coef: float) -> Tensor:
+    """costs (N,); logprobs, ref_logprobs, mask (N, T) -> (N, T) per-token costs.
+
+    costs_t = +kl_coef * (logprobs_t - ref_logprobs_t) on real tokens, plus the completion's cost at its
+    last real token; 0 on padding: `kl_penalised_rewards` of the negated cost, negated. Drifting from the
+    reference is a cost here, as it is a penalty on the reward.
+    """
+    return -kl_penalised_rewards(-costs, logprobs, ref_logprobs, mask, kl_coef)
+
+
+def ppo_lagrangian_advantages(reward_advantages: Tensor, cost_advantages: Tensor, mask: Tensor, lam: float | Tensor,
+                              whiten_each: bool = True) -> tuple[Tensor, dict[str, Tensor]]:
+    """(N, T) GAE advantages of the rewards and of the costs, (N, T) right-padded mask -> (N, T) combined
+    advantages (0 on padding) and stats.
+
+    With `whiten_each`, each advantage is whitened over the batch's real tokens on its own
+    (`algos.ppo.whiten`) first; then `combined_advantages` with the multiplier `lam`. Stats: the mean
+    absolute value of each (after whitening) over the real tokens.
+    """
+    if reward_advantages.shape != mask.shape or cost_advantages.shape != mask.shape:
+        raise ValueError(f"reward and cost advantages must be (N, T) like the mask {tuple(mask.shape)}; got "
+                         f"{tuple(reward_advantages.shape)} and {tuple(cost_advantages.shape)}")
+    m = mask.float()
+    if whiten_each:
+        reward_advantages, cost_advantages = whiten(reward_advantages, mask), whiten(cost_advantages, mask)
+    count = m.sum().clamp(min=1)
+    stats = {"advantages/reward_abs_mean": (reward_advantages.abs() * m).sum() / count,
+             "advantages/cost_abs_mean": (cost_advantages.abs() * m).sum() / count}
+    return combined_advantages(reward_advantages, cost_advantages, lam) * m, stats
 
 
 def _window_costs(window: tuple[float, ...], costs: Tensor | list[float], size: int) -> tuple[float, ...]:
