@@ -37,9 +37,14 @@ def test_the_threshold_is_required():
     assert "constraint.threshold: Field required" in refused(cost=COST, constraint={})
 
 
-def test_ppo_with_a_constraint_is_refused_as_not_yet():
-    msg = refused(algo={"name": "ppo"}, cost=COST, constraint={"threshold": 0.2})
-    assert "algo.name = 'ppo'" in msg and "not yet" in msg and "'grpo' or 'rloo'" in msg
+def test_ppo_takes_a_constraint_as_ppo_lagrangian():
+    from feedbackrl.train.ppo_lagrangian import PPOLagrangian
+    from feedbackrl.train.run import ALGORITHMS, check_run
+
+    cfg = build_config({"algo": {"name": "ppo"}, "cost": COST, "constraint": {"threshold": 0.2}})
+    assert cfg.constraint.threshold == 0.2
+    check_run(cfg, None)  # its objective runs with [constraint]
+    assert ALGORITHMS["ppo"].train.objective_class(cfg) is PPOLagrangian
 
 
 def test_rloo_takes_a_constraint():

@@ -157,6 +157,14 @@ def stale_metrics(versions: torch.Tensor | None, learner_version: int, bound: in
     return {"scale/staleness_mean": age.float().mean().item(), "scale/staleness_max": float(age.max())}
 
 
+def no_grad_pass(fn: Callable[..., Any], rows: list[Tensor], n: int, ranks: Ranks,
+                 precision: Callable[[], contextlib.AbstractContextManager[None]]) -> Any:
+    """`fn` over this rank's `rows` without gradients in the training precision -> its tensor(s), all n rows."""
+    with torch.no_grad(), precision():
+        out = fn(*rows)
+    return ranks.gather(out, n) if isinstance(out, Tensor) else tuple(ranks.gather(o, n) for o in out)
+
+
 def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                     task: Task, out_dir: Path, sink: MetricsSink, resume_from: Path | None = None,
                     on_eval: Callable[[int], dict[str, Any]] | None = None,
@@ -236,11 +244,7 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
             # each rank computes its share of the rows' no-grad passes; every rank gets them all
             mine, n = [t[ranks.share(B * G)] for t in tensors], B * G
 
-            def rollout_pass(fn: Callable[..., Any]) -> Any:
-                with torch.no_grad(), precision():
-                    out = fn(*mine)
-                return ranks.gather(out, n) if isinstance(out, Tensor) else tuple(ranks.gather(o, n) for o in out)
-
+            rollout_pass = functools.partial(no_grad_pass, rows=mine, n=n, ranks=ranks, precision=precision)
             ref_lp = None
             if ref is not None:
                 ref_lp = rollout_pass(lambda *t: sequence_logprobs(ref, *t, ro_cfg.temperature)[0])
