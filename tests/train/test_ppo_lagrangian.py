@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_constraint import N, DigitAddition  # same directory
+from test_constraint import DigitAddition, N  # same directory
 
 from feedbackrl.algos.constrained import LagrangeState, lagrange_update
 from feedbackrl.config import build_config
@@ -83,7 +83,7 @@ def test_ppo_lagrangian_resumes_bit_exactly(tiny_model_dir: Path, tmp_path: Path
 @pytest.mark.slow
 def test_ppo_lagrangian_keeps_the_cost_below_unconstrained_ppo(tiny_model_dir: Path, tmp_path: Path):
     # the reward is the share of digits; the cost is a digit 0-4: unconstrained PPO learns digits of any kind,
-    # the constrained run must trade some reward for fewer 0-4s. Mean of the last 10 of 40 steps, 3 seeds.
+    # the constrained run must learn to avoid 0-4. Means of the last 10 of 40 steps over 3 seeds (~2 min).
     steps, last = 40, 10
     threshold = 0.3
     got = {}
@@ -98,8 +98,10 @@ def test_ppo_lagrangian_keeps_the_cost_below_unconstrained_ppo(tiny_model_dir: P
             rewards += [rows[s]["reward/mean"] for s in range(steps - last + 1, steps + 1)]
             lams += [rows[s].get("constraint/lambda", 0.0) for s in range(1, steps + 1)]
         got[name] = (sum(costs) / len(costs), sum(rewards) / len(rewards), max(lams))
-    print(got)
     (ppo_cost, ppo_reward, _), (lag_cost, lag_reward, lag_lam) = got["ppo"], got["ppo_lagrangian"]
+    # measured 2026-12-02 (2-core AMD EPYC, AVX2 only): PPO cost 1.000, reward 0.999; PPO-Lagrangian cost 0.000,
+    # reward 1.000, lambda up to 2.85 (digits 5-9 earn the whole reward at no cost: the toy has room for both)
     assert ppo_cost > threshold  # unconstrained PPO breaks the threshold
-    assert lag_cost < ppo_cost - 0.1  # the Lagrangian keeps the cost clearly lower
-    assert lag_lam > 0.5  # lambda rose from its start
+    assert lag_cost < threshold and lag_cost < ppo_cost - 0.1, got  # the Lagrangian keeps the cost under it
+    assert lag_reward >= 0.9 * ppo_reward, got  # and most of the reward
+    assert lag_lam > 0.5, got  # lambda rose from its start
