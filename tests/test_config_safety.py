@@ -115,3 +115,11 @@ def test_a_margin_above_the_threshold_is_refused():
     assert run(cost=COST, constraint={"threshold": 0.4, "margin": 0.4}).constraint.margin == 0.4
     assert "constraint.margin = 0.5 is above constraint.threshold = 0.4" in refused(
         cost=COST, constraint={"threshold": 0.4, "margin": 0.5})
+
+
+def test_the_pessimistic_bound_needs_a_window_and_a_level():
+    cfg = build_config({"cost": COST, "constraint": {"threshold": 0.2, "bound_delta": 0.1}})
+    assert cfg.constraint.bound_delta == 0.1
+    assert "constraint.window must be >= 2" in refused(cost=COST, constraint={"threshold": 0.2, "bound_delta": 0.1,
+                                                                               "window": 1})
+    assert "constraint.bound_delta" in refused(cost=COST, constraint={"threshold": 0.2, "bound_delta": 0.6})

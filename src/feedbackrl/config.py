@@ -227,6 +227,9 @@ class ConstraintConfig(Section):
     kp: float = Field(0.0, ge=0, allow_inf_nan=False, description="pid: proportional gain on J_C - d")
     ki: float = Field(0.1, ge=0, allow_inf_nan=False, description="pid: integral gain")
     kd: float = Field(0.0, ge=0, allow_inf_nan=False, description="pid: derivative gain (on a rising J_C)")
+    bound_delta: float = Field(0.0, ge=0, le=0.5, allow_inf_nan=False, description=(
+        "0: J_C is the window's mean cost; in (0, 0.5]: its one-sided Student-t upper bound at this level "
+        "(HC-RLHF's pessimism in the multiplier's update; needs window >= 2)"))
 
     @model_validator(mode="after")
     def _settings_of_its_multiplier(self) -> ConstraintConfig:
@@ -243,6 +246,9 @@ class ConstraintConfig(Section):
                              "the multiplier would aim at a negative cost")
         if self.init > self.cap:
             raise ValueError(f"constraint.init = {self.init} is above constraint.cap = {self.cap}")
+        if self.bound_delta > 0 and self.window < 2:
+            raise ValueError(f"constraint.bound_delta = {self.bound_delta} bounds the mean of the window's costs: "
+                             f"constraint.window must be >= 2, got {self.window}")
         return self
 
 

@@ -282,3 +282,36 @@ def test_ppo_lagrangian_kl_weight_does_not_depend_on_lambda():
 def test_ppo_lagrangian_advantages_reject_other_shapes():
     with pytest.raises(ValueError, match=r"must be \(N, T\) like the mask \(2, 2\); got \(2,\) and \(2, 2\)"):
         ppo_lagrangian_advantages(torch.zeros(2), torch.zeros(2, 2), torch.ones(2, 2), 1.0)
+
+
+# --- the pessimistic estimate (HC-RLHF): J_C as the window's Student-t upper bound ---------------------------------
+
+T_90_3 = 1.6377443536962102  # t_{0.9, 3} (scipy.stats.t.ppf(0.9, 3))
+
+
+def test_lagrange_update_with_the_upper_bound_hand_computed():
+    # costs 0, 1, 0, 1: mean 0.5, unbiased std sqrt(1/3), n = 4 -> U = 0.5 + t_{0.9,3} sqrt(1/3) / 2
+    bound = 0.5 + T_90_3 * math.sqrt(1 / 3) / 2  # 0.97278
+    state, stats = lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0, 0.0, 1.0], 0.5, lr=0.1, bound_delta=0.1)
+    assert stats["constraint/cost_window_mean"] == pytest.approx(bound, rel=1e-9)
+    # the mean sits at the threshold (no step), the bound above it: log lambda = 0 + 0.1 * 1 * (U - 0.5)
+    assert state.log_lambda == pytest.approx(0.1 * (bound - 0.5), rel=1e-9)
+    plain, plain_stats = lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0, 0.0, 1.0], 0.5, lr=0.1)
+    assert plain.log_lambda == 0.0 and plain_stats["constraint/cost_window_mean"] == 0.5
+
+
+def test_pid_update_with_the_upper_bound_hand_computed():
+    bound = 0.5 + T_90_3 * math.sqrt(1 / 3) / 2
+    state, stats = pid_lagrange_update(PIDLagrangeState(lam=0.0), [0.0, 1.0, 0.0, 1.0], 0.5, kp=1.0, ki=0.5, kd=0.0,
+                                       bound_delta=0.1)
+    # Delta = U - 0.5; I = Delta; lambda = kp Delta + ki I = 1.5 Delta
+    assert state.lam == pytest.approx(1.5 * (bound - 0.5), rel=1e-9)
+    assert stats["constraint/violation"] == pytest.approx(bound - 0.5, rel=1e-9)
+
+
+def test_the_upper_bound_needs_two_costs_and_a_valid_level():
+    # one cost: no spread to bound, J_C is the cost itself (not an infinite bound that would pin lambda at its cap)
+    state, stats = lagrange_update(LagrangeState.initial(1.0), [0.25], 0.5, bound_delta=0.1)
+    assert stats["constraint/cost_window_mean"] == 0.25 and state.lam < 1.0
+    with pytest.raises(ValueError, match=r"delta must be in \(0, 0.5\]"):
+        lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0], 0.5, bound_delta=0.7)
