@@ -99,7 +99,7 @@ def test_ppo_lagrangian_keeps_the_cost_below_unconstrained_ppo(tiny_model_dir: P
             lams += [rows[s].get("constraint/lambda", 0.0) for s in range(1, steps + 1)]
         got[name] = (sum(costs) / len(costs), sum(rewards) / len(rewards), max(lams))
     (ppo_cost, ppo_reward, _), (lag_cost, lag_reward, lag_lam) = got["ppo"], got["ppo_lagrangian"]
-    # measured 2026-12-02 (2-core AMD EPYC, AVX2 only): PPO cost 1.000, reward 0.999; PPO-Lagrangian cost 0.000,
+    # measured 2026-12-02 (2-core AMD EPYC, AVX-512, shared): PPO cost 1.000, reward 0.999; PPO-Lagrangian cost 0.000,
     # reward 1.000, lambda up to 2.85 (digits 5-9 earn the whole reward at no cost: the toy has room for both)
     assert ppo_cost > threshold  # unconstrained PPO breaks the threshold
     assert lag_cost < threshold and lag_cost < ppo_cost - 0.1, got  # the Lagrangian keeps the cost under it
