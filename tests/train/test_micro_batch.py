@@ -10,6 +10,7 @@ import torch
 from fp32 import U, assert_within, probabilistic_gamma, reduction_length
 
 import feedbackrl.train.grpo as online
+import feedbackrl.train.onpolicy as loop
 from feedbackrl.config import ConfigError, build_config
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.log import MemorySink
@@ -37,7 +38,7 @@ def first_update(model_dir: Path, out: Path, monkeypatch, micro: int, aggregatio
     (micro-)batch its `sequence_logprobs` arguments, log-probs and the loss's gradient w.r.t. them (`w`)."""
     grads: list[list[torch.Tensor]] = []
     forwards: list[dict] = []
-    make = online.make_optimizer
+    make = loop.make_optimizer  # the one on-policy loop builds the optimizer
     real_logprobs = online.sequence_logprobs
 
     def spying(model, *args, **kwargs):
@@ -48,8 +49,8 @@ def first_update(model_dir: Path, out: Path, monkeypatch, micro: int, aggregatio
             forwards.append(rec)
         return logprobs, entropy
 
-    def recording(model, cfg):
-        opt = make(model, cfg)
+    def recording(model, cfg, modules=None):
+        opt = make(model, cfg, modules)
         step = opt.step
 
         def record(*a, **k):
@@ -59,7 +60,7 @@ def first_update(model_dir: Path, out: Path, monkeypatch, micro: int, aggregatio
         opt.step = record
         return opt
 
-    monkeypatch.setattr(online, "make_optimizer", recording)
+    monkeypatch.setattr(loop, "make_optimizer", recording)
     monkeypatch.setattr(online, "sequence_logprobs", spying)
     cfg = build_config({
         "rollout": {"prompts_per_step": 4, "group_size": GROUP_SIZE, "max_new_tokens": 6},
