@@ -53,7 +53,8 @@ def test_resume_is_bit_exact(tmp_path):
 
 def test_continuous_actions_run_on_pendulum(tmp_path):
     cfg = build_config({"algo": {"name": "control_ppo", "steps": 2, "minibatches": 2},
-                        "control": {"env": "Pendulum-v1", "num_envs": 2, "rollout_steps": 64, "eval_episodes": 2}})
+                        "control": {"env": "Pendulum-v1", "num_envs": 2, "rollout_steps": 64, "eval_episodes": 2},
+                        "train": {"threads": 1}})
     report = run(cfg, tmp_path)
     # Pendulum's episodes are 200 steps, every reward in [-16.3, 0]
     assert report["control_eval_after"]["eval/length"] == 200
@@ -77,6 +78,8 @@ def test_malformed_control_recipes_are_refused(data, message):
 
 def test_unknown_env_and_cost_are_named(tmp_path):
     with pytest.raises(ConfigError, match="'NoSuchEnv-v0' is not a registered gymnasium environment"):
-        run(build_config({"algo": {"name": "control_ppo", "steps": 1}, "control": {"env": "NoSuchEnv-v0"}}), tmp_path)
+        run(build_config({"algo": {"name": "control_ppo", "steps": 1}, "control": {"env": "NoSuchEnv-v0"},
+                          "train": {"threads": 1}}), tmp_path)
     with pytest.raises(ConfigError, match="control.cost = 'wobble' is not a known cost"):
-        run(build_config({"algo": {"name": "control_ppo", "steps": 1}, "control": {"cost": "wobble"}}), tmp_path)
+        run(build_config({"algo": {"name": "control_ppo", "steps": 1}, "control": {"cost": "wobble"},
+                          "train": {"threads": 1}}), tmp_path)

@@ -14,9 +14,10 @@ Learning from Human Preferences"), with an ensemble, disagreement-based queries 
   section 2.2.4), or keeps random ones.
 - Schedule: `rounds` labelling rounds at evenly spaced training steps over the first half of training (the
   first before any PPO update), the budget split equally or as 1 / (1 + round).
-- The policy's reward is the ensemble mean r(obs, action), divided by its standard deviation over the rollout
+- The policy's reward is the ensemble mean r(obs, action), divided by its root mean square over the rollout
   (not shifted: the absorbing value 0 anchors the level, and shifting it would change whether the policy wants
-  its episode to go on).
+  its episode to go on; not divided by its standard deviation, which is tiny next to the level once the
+  model has learned that every real step is worth about the same, and would blow the values up).
 
 Departures: candidates come from the current rollout only (Christiano et al. and B-Pref sample a buffer of past
 segments); members differ by initialisation, not by bootstrap resamples of the labels (as in PEBBLE); every
@@ -174,14 +175,16 @@ class PreferenceLearner:
             loss.backward()
             self.optimizer.step()
         acc = torch.stack([s["rm/accuracy"] for _, s in losses]).mean()
-        return {"prefs/rm_loss": float(loss) / len(losses), "prefs/rm_train_accuracy": float(acc)}
+        return {"prefs/rm_loss": float(loss.detach()) / len(losses), "prefs/rm_train_accuracy": float(acc)}
 
     @torch.no_grad()
     def rewards(self, ro: Rollout) -> tuple[Tensor, Tensor]:
-        """(T, E) policy rewards (ensemble mean over its std on this rollout) and the members' std (T, E)."""
+        """(T, E) policy rewards (the ensemble mean over its root mean square on this rollout) and the members'
+        std (T, E)."""
         per_member = self.model(ro.obs, action_features(ro.actions, self.n_actions, self.discrete))  # (K, T, E)
         mean = per_member.mean(0)
-        return mean / mean.std().clamp(min=1e-6), per_member.std(0) if per_member.shape[0] > 1 else mean * 0
+        rms = mean.pow(2).mean().sqrt().clamp(min=1e-6)
+        return mean / rms, per_member.std(0) if per_member.shape[0] > 1 else mean * 0
 
     def state_dict(self) -> dict[str, Any]:
         seg = (lambda s: None if s is None else vars(s).copy())
