@@ -14,8 +14,9 @@ Writes benchmarks/results/control.json (provenance included) and prints one line
   after PPO on a reward learned from 400 simulated segment preferences (recipes/cartpole_prefs.toml), same
   seeds and environment steps; the fraction is their ratio of means.
 - constraint: the cost `cart_off_centre` (fraction of steps with the cart more than 0.5 from the centre)
-  of unconstrained PPO and of PPO-Lagrangian (recipes/cartpole_safe.toml) over the last quarter of training
-  and in the greedy held-out episodes.
+  of unconstrained PPO and of PPO-Lagrangian (recipes/cartpole_safe.toml), both for that recipe's number of
+  updates, over the last quarter of training and in the greedy held-out episodes (cost per step: the mean
+  episode cost over the mean episode length).
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ def _late_cost(run_dir: Path) -> float:
 
 
 def constraint(seeds: int, tmp: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {"threshold": load_config(ROOT / "recipes/cartpole_safe.toml").constraint.threshold}
-    arms = (("unconstrained", "recipes/cartpole_ppo.toml", ["control.cost=cart_off_centre"]),
+    safe = load_config(ROOT / "recipes/cartpole_safe.toml")
+    out: dict[str, Any] = {"threshold": safe.constraint.threshold, "updates": safe.algo.steps}
+    arms = (("unconstrained", "recipes/cartpole_ppo.toml", ["control.cost=cart_off_centre",
+                                                             f"algo.steps={safe.algo.steps}"]),
             ("lagrangian", "recipes/cartpole_safe.toml", []))
     for name, recipe, sets in arms:
         late, held, ret = [], [], []
