@@ -34,13 +34,28 @@ def _final_state(run_dir):
     return torch.load(sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "trainer_state.pt", weights_only=False)
 
 
-def test_resume_is_bit_exact(tmp_path):
+RESUMABLE = {
+    "env_reward": {},
+    "preferences": {"control": {"reward": "preferences",
+                                "preferences": {"segment_len": 16, "labels": 24, "rounds": 3, "epochs": 5}}},
+    "lagrangian": {"control": {"cost": "cart_off_centre"}, "constraint": {"threshold": 0.01, "window": 8}},
+}
+
+
+@pytest.mark.parametrize("extra", RESUMABLE.values(), ids=RESUMABLE.keys())
+def test_resume_is_bit_exact(tmp_path, extra):
+    def cfg(**train):
+        data = _cfg(steps=4).model_dump()
+        data["control"].update(extra.get("control", {}))
+        data["train"].update(train)
+        return build_config({**data, **{k: v for k, v in extra.items() if k != "control"}})
+
     full, part = tmp_path / "full", tmp_path / "part"
-    run(_cfg(steps=4), full)
-    run(build_config({**_cfg(steps=4).model_dump(), "train": {"threads": 1, "checkpoint_every": 2}}), part)
+    run(cfg(), full)
+    run(cfg(checkpoint_every=2), part)
     # continue from step 2 (not the last checkpoint) into a fresh dir
     resumed = tmp_path / "resumed"
-    run(_cfg(steps=4), resumed, resume=part / "checkpoints" / "step_000002")
+    run(cfg(), resumed, resume=part / "checkpoints" / "step_000002")
     a, b = _final_state(full), _final_state(resumed)
     assert a["step"] == b["step"] == 4
     for name, tensor in a["policy"].items():
@@ -49,6 +64,15 @@ def test_resume_is_bit_exact(tmp_path):
     assert (a["collector"]["obs"] == b["collector"]["obs"]).all()
     for key, state in a["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], b["optimizer"]["state"][key]["exp_avg_sq"])
+    if "learner" in a:
+        assert a["learner"]["asked"] == b["learner"]["asked"] == 24
+        assert torch.equal(a["learner"]["labels"], b["learner"]["labels"])
+        for name, tensor in a["learner"]["model"].items():
+            assert torch.equal(tensor, b["learner"]["model"][name]), name
+    assert a["multiplier"] == b["multiplier"]
+    metrics = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (full, resumed)]
+    last = [[r for r in m if r.get("phase") == "rl" and r["step"] == 4][0] for m in metrics]
+    assert last[0]["loss/policy"] == last[1]["loss/policy"]
 
 
 def test_continuous_actions_run_on_pendulum(tmp_path):
@@ -83,3 +107,13 @@ def test_unknown_env_and_cost_are_named(tmp_path):
     with pytest.raises(ConfigError, match="control.cost = 'wobble' is not a known cost"):
         run(build_config({"algo": {"name": "control_ppo", "steps": 1}, "control": {"cost": "wobble"},
                           "train": {"threads": 1}}), tmp_path)
+
+
+def test_without_gymnasium_the_run_names_the_extra(monkeypatch, tmp_path):
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("feedbackrl.control")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # import gymnasium -> ModuleNotFoundError
+    with pytest.raises(ConfigError, match=r"needs gymnasium: pip install 'feedbackrl\[control\]'"):
+        run(_cfg(steps=1), tmp_path)

@@ -62,6 +62,14 @@ def test_label_schedule_spends_the_whole_budget():
     assert hyper == [48, 24, 16, 12] and sum(hyper) == 100
 
 
+
+def test_rounds_that_share_a_step_ask_their_labels_together():
+    cfg = SegmentPrefsConfig(labels=24, rounds=3)
+    assert round_steps(cfg, 4) == [0, 1, 1]  # 3 rounds over the first 2 of 4 steps
+    learner = PreferenceLearner(cfg, 4, 2, True, total_steps=4, generator=torch.Generator().manual_seed(0))
+    assert learner.schedule == {0: 8, 1: 16} and sum(learner.schedule.values()) == cfg.labels
+
+
 def _cartpole_rollouts(n, seed=0):
     import gymnasium  # noqa: F401 (the control extra)
 
@@ -102,7 +110,7 @@ def test_disagreement_selection_labels_the_most_disputed_candidates():
     spread = learner._disagreement(a, b)
     top = torch.topk(spread, 10).indices
     learner.generator.set_state(saved)
-    assert round_steps(cfg, 4) == [0, 1]
+    assert round_steps(cfg, 4) == [0, 1]  # two rounds over the first 2 of 4 steps
     learner.query(1, ro)  # round 2
     assert torch.equal(learner.first.obs[10:], a.obs[top]) and torch.equal(learner.second.obs[10:], b.obs[top])
     assert spread[top].min() >= spread.median()  # not merely the first ten drawn

@@ -97,9 +97,10 @@ class Ensemble(nn.Module):
 
 
 def round_steps(cfg: SegmentPrefsConfig, total_steps: int) -> list[int]:
-    """The training steps at which labelling rounds happen: evenly over the first half, the first at step 0."""
+    """The training step of each labelling round: evenly over the first half, the first at step 0 (with fewer
+    steps than rounds, several rounds fall on one step and their labels are asked together)."""
     span = max(1, total_steps // 2)
-    return sorted({round(r * span / cfg.rounds) for r in range(cfg.rounds)})
+    return [round(r * span / cfg.rounds) for r in range(cfg.rounds)]
 
 
 def round_budgets(cfg: SegmentPrefsConfig, rounds: int) -> list[int]:
@@ -122,7 +123,9 @@ class PreferenceLearner:
         self.teacher = Teacher(t.beta, t.mistake, t.skip_below, t.equal_within, t.gamma)
         self.model = Ensemble(obs_dim + n_actions, cfg.hidden, cfg.ensemble)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
-        self.schedule = dict(zip(round_steps(cfg, total_steps), round_budgets(cfg, cfg.rounds), strict=False))
+        self.schedule: dict[int, int] = {}  # training step -> labels asked then
+        for step, budget in zip(round_steps(cfg, total_steps), round_budgets(cfg, cfg.rounds), strict=True):
+            self.schedule[step] = self.schedule.get(step, 0) + budget
         self.first: Segments | None = None
         self.second: Segments | None = None
         self.labels = torch.zeros(0)
