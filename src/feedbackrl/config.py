@@ -447,6 +447,11 @@ class ScaleConfig(Section):
         return self
 
 
+# what a control run (`[control]`) has no use for: given in its recipe, they are refused rather than ignored
+LANGUAGE_MODEL_SECTIONS = ("model", "lora", "task", "sft", "rollout", "reward", "release", "prefs", "online",
+                           "monitors", "scale")
+
+
 class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -548,8 +553,10 @@ class RunConfig(Section):
                              f" = {n}")
         if self.cost is not None:
             raise ValueError("[cost] names a scorer of text completions; a control run's cost is control.cost")
-        if self.release is not None or self.sft.steps:
-            raise ValueError("[release] and sft.steps are not yet supported for control policies: remove them")
+        given = [k for k in LANGUAGE_MODEL_SECTIONS if k in self.model_fields_set]
+        if given:
+            raise ValueError(f"[{given[0]}] is a section of language-model runs, which a control run (algo.name = "
+                             f"'control_ppo') does not use: remove {', '.join(f'[{k}]' for k in given)}")
         if self.constraint is not None and not c.cost:
             raise ValueError("[constraint] keeps control.cost under constraint.threshold: set control.cost")
         if c.reward == "preferences" and c.preferences.segment_len > c.rollout_steps:

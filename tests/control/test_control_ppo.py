@@ -11,10 +11,14 @@ from feedbackrl.train.run import run
 pytest.importorskip("gymnasium", reason="the control extra installs gymnasium")
 
 
+def _data(steps: int = 20, **control):
+    return {"algo": {"name": "control_ppo", "steps": steps},
+            "control": {"env": "CartPole-v1", "num_envs": 4, "rollout_steps": 128, **control},
+            "train": {"threads": 1}}
+
+
 def _cfg(steps: int = 20, **control):
-    return build_config({"algo": {"name": "control_ppo", "steps": steps},
-                         "control": {"env": "CartPole-v1", "num_envs": 4, "rollout_steps": 128, **control},
-                         "train": {"threads": 1}})
+    return build_config(_data(steps, **control))
 
 
 def test_short_cartpole_run_raises_the_true_return(tmp_path):
@@ -45,7 +49,7 @@ RESUMABLE = {
 @pytest.mark.parametrize("extra", RESUMABLE.values(), ids=RESUMABLE.keys())
 def test_resume_is_bit_exact(tmp_path, extra):
     def cfg(**train):
-        data = _cfg(steps=4).model_dump()
+        data = _data(steps=4)
         data["control"].update(extra.get("control", {}))
         data["train"].update(train)
         return build_config({**data, **{k: v for k, v in extra.items() if k != "control"}})
@@ -92,6 +96,10 @@ def test_continuous_actions_run_on_pendulum(tmp_path):
      "must divide control.num_envs"),
     ({"algo": {"name": "control_ppo"}, "control": {}, "constraint": {"threshold": 0.1}}, "set control.cost"),
     ({"algo": {"name": "control_ppo"}, "control": {"num_envs": 0}}, "control.num_envs"),
+    ({"algo": {"name": "control_ppo"}, "control": {}, "cost": {"source": "regex", "pattern": "a"}},
+     "a control run's cost is control.cost"),
+    ({"algo": {"name": "control_ppo"}, "control": {}, "sft": {"steps": 3}, "monitors": {"enabled": False}},
+     r"\[sft\] is a section of language-model runs.*remove \[sft\], \[monitors\]"),
     ({"algo": {"name": "control_ppo"}, "control": {"reward": "preferences", "rollout_steps": 16,
                                                    "preferences": {"segment_len": 32}}}, "longer than a rollout"),
 ])
