@@ -553,6 +553,10 @@ class RunConfig(Section):
                              f" = {n}")
         if self.cost is not None:
             raise ValueError("[cost] names a scorer of text completions; a control run's cost is control.cost")
+        stray_eval = sorted(self.eval.model_fields_set - {"every"})
+        if stray_eval:
+            raise ValueError(f"eval.{stray_eval[0]} is a setting of language-model evaluation; a control run uses "
+                             "eval.every and control.eval_episodes only")
         given = [k for k in LANGUAGE_MODEL_SECTIONS if k in self.model_fields_set]
         if given:
             raise ValueError(f"[{given[0]}] is a section of language-model runs, which a control run (algo.name = "
