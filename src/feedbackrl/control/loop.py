@@ -4,11 +4,11 @@ Each step, read top to bottom: (1) roll out control.num_envs environments for co
 (2) the reward: the environment's, or, with control.reward = "preferences", a labelling round when one is
 due and the learned reward; (3) advantages with GAE (`rollout.rollout_advantages` over `algos.ppo.gae`),
 whitened with `algos.ppo.whiten`; with a [constraint], the cost's advantages from a second value head,
-combined with `algos.constrained.combined_advantages` and the multiplier stepped by `lagrange_update` or
-`pid_lagrange_update`; (4) PPO epochs over shuffled minibatches with `algos.ppo.ppo_policy_loss` and
-`value_loss`; (5) log, checkpoint.
+combined with `algos.constrained.combined_advantages` under the text loop's `train/constraint.py:Multiplier`
+(gradient ascent on log lambda or PID, `constraint.bound_delta` included); (4) PPO epochs over shuffled
+minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log, checkpoint.
 
-Shared with the text loops: the losses and advantages in `algos/`, the multiplier, the metrics sink and the
+Shared with the text loops: the losses and advantages in `algos/`, the `Multiplier`, the metrics sink and the
 report and plot of the run path (`train/run.py` runs this as a whole-run entry). Not shared yet: the loop
 itself (a control rollout is (T, E) environment steps, not token sequences of a language model), the
 monitors (their step records hold completions), and the checkpoint writer (the policy is a plain torch
@@ -27,13 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from feedbackrl.algos.constrained import (
-    LagrangeState,
-    PIDLagrangeState,
-    combined_advantages,
-    lagrange_update,
-    pid_lagrange_update,
-)
+from feedbackrl.algos.constrained import combined_advantages
 from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import ConfigError, ControlPPOConfig, RunConfig
 from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
@@ -41,6 +35,7 @@ from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
 from feedbackrl.control.rollout import Collector, Rollout, rollout_advantages
 from feedbackrl.log import MetricsSink, console, progress
+from feedbackrl.train.constraint import Multiplier
 
 STATE_FILE, CONFIG_FILE, MODEL_CONFIG = "trainer_state.pt", "run_config.json", "config.json"
 
@@ -143,10 +138,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     collector = Collector(envs, seed, _cost_fn(c.cost))
     learner = PreferenceLearner(c.preferences, obs_dim, act_dim, discrete, a.steps,
                                 torch.Generator().manual_seed(seed + 1)) if c.reward == "preferences" else None
-    k = cfg.constraint
-    multiplier: LagrangeState | PIDLagrangeState | None = None
-    if k is not None:
-        multiplier = LagrangeState.initial(k.init) if k.multiplier == "lagrangian" else PIDLagrangeState(lam=k.init)
+    multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
     start, before = 0, None
     if ckpt is not None:
         state = torch.load(ckpt / STATE_FILE, weights_only=False)  # our own checkpoint: env states are pickled
@@ -159,7 +151,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
             learner.load_state_dict(state["learner"])
             learner.generator.set_state(state["learner_generator"])
         if multiplier is not None:
-            multiplier = type(multiplier).from_dict(state["multiplier"])
+            multiplier.load_state_dict(state["multiplier"])
         start, before = state["step"], state["eval_before"]
     else:
         before = evaluate(policy, cfg, seed + 10_000)
@@ -191,13 +183,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
             if multiplier is not None:
                 adv_c, ret_c = rollout_advantages(ro.costs, ro.values[..., 1], ro.terminated, ro.truncated,
                                                   ro.boot_values[..., 1], ro.last_values[:, 1], a.gamma, a.lam)
-                target = k.threshold - k.margin
-                env_costs = ro.costs.mean(0).tolist()  # each environment's cost per step over this rollout
-                if k.multiplier == "lagrangian":
-                    multiplier, cstats = lagrange_update(multiplier, env_costs, target, k.lr, k.window, k.delay, k.cap)
-                else:
-                    multiplier, cstats = pid_lagrange_update(multiplier, env_costs, target, k.kp, k.ki, k.kd,
-                                                             k.window, k.delay, k.cap)
+                cstats = multiplier.update(ro.costs.mean(0))  # each environment's cost per step over this rollout
                 adv_w = combined_advantages(adv_w, whiten(adv_c.reshape(1, -1), ones).view_as(adv_c), multiplier.lam)
                 returns = torch.stack([ret, ret_c], -1)
                 metrics.update(cstats)
@@ -220,7 +206,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                 state = {"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
                          "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
                          "collector": collector.state_dict(), "eval_before": before,
-                         "multiplier": multiplier.to_dict() if multiplier is not None else None}
+                         "multiplier": multiplier.state_dict() if multiplier is not None else None}
                 if learner is not None:
                     state["learner"] = learner.state_dict()
                     state["learner_generator"] = learner.generator.get_state()
