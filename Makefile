@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# the optional extras whose tests run in `make test` too: GGUF loading, LoRA, the agents' search and MCP tools
+# the optional extras whose tests run in `make test` too: GGUF loading, LoRA, the agents' search and MCP tools,
+# gymnasium control policies
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,feedback,ray,gguf,lora,agents]'
+	$(PY) -m pip install -q -e '.[test,feedback,ray,gguf,lora,agents,control]'
 	touch $(TEST_STAMP)
 
 $(VF_STAMP):

@@ -48,7 +48,7 @@ def test_rloo_is_the_grpo_loop_without_std_scaling_by_default():
     pytest.param({"algo": {"name": "dpo", "loss": "kto"}}, "algo.loss: Input should be 'dpo', 'ipo' or 'pro'",
                  id="literal"),
     pytest.param({"algo": {"name": "sac"}}, "algo.name: unknown algorithm 'sac'; choose one of ('grpo', 'rloo', "
-                 "'ppo', 'dpo', 'reward_model', 'online_reward_model', 'sft')", id="unknown-name"),
+                 "'ppo', 'dpo', 'reward_model', 'online_reward_model', 'sft', 'control_ppo')", id="unknown-name"),
     pytest.param({"reward": {"modle": "x"}}, "reward.modle: unknown key", id="reward-typo"),
     pytest.param({"prefs": {"temperature": -1}}, "prefs.temperature: Input should be greater than or equal to 0",
                  id="prefs-range"),

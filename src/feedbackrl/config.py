@@ -160,9 +160,72 @@ class SFTOnlyConfig(Section):
     name: Literal["sft"] = Field("sft", description="algorithm")
 
 
+class ControlPPOConfig(Section):
+    """PPO for a control policy (`[control]`: a gymnasium environment, an MLP actor-critic; docs/control.md)."""
+
+    name: Literal["control_ppo"] = Field("control_ppo", description="algorithm")
+    steps: int = Field(50, ge=0, description="training steps, one rollout of control.num_envs x "
+                       "control.rollout_steps environment steps each")
+    lr: float = Field(2.5e-4, gt=0, le=1, description="Adam learning rate (actor and critic), annealed linearly to 0")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient clipping norm")
+    epochs: int = Field(4, ge=1, le=64, description="optimisation passes over each rollout")
+    minibatches: int = Field(4, ge=1, description="optimizer steps per epoch (splits the rollout)")
+    clip: float = Field(0.2, gt=0, le=1, description="PPO policy ratio clip")
+    value_clip: float = Field(0.2, gt=0, description="clip of the value change around the rollout-time value")
+    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss")
+    ent_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+
+
+class TeacherConfig(Section):
+    """A simulated teacher with B-Pref's irrationalities (Lee et al. 2021), its gold the environment's reward."""
+
+    beta: float | None = Field(None, gt=0, description="rationality: P(first) = sigmoid(beta * (R_1 - R_2)); "
+                               "none = perfectly rational (always the higher return)")
+    mistake: float = Field(0.0, ge=0, le=1, description="probability that a label is flipped")
+    skip_below: float | None = Field(None, description="skip the query when both segments' returns are below this")
+    equal_within: float = Field(0.0, ge=0, description="label 'equal' when the returns differ by less than this")
+    gamma: float = Field(1.0, gt=0, le=1, description="myopia: step t of an L-step segment weighs gamma^(L-1-t)")
+
+
+class SegmentPrefsConfig(Section):
+    """The reward learned from preferences over pairs of trajectory segments (control.reward = 'preferences')."""
+
+    segment_len: int = Field(25, ge=1, le=1000, description="environment steps per segment")
+    labels: int = Field(400, ge=1, description="label budget over the whole run")
+    rounds: int = Field(8, ge=1, description="labelling rounds, spread evenly over the first half of training")
+    schedule: Literal["constant", "hyperbolic"] = Field("constant", description=(
+        "labels per round: equal shares, or shares falling as 1 / (1 + round) (more labels early)"))
+    selection: Literal["disagreement", "random"] = Field("disagreement", description=(
+        "which candidate pairs are labelled: the ensemble's largest disagreement, or at random"))
+    pool: int = Field(4, ge=1, le=64, description="candidate pairs per label wanted (disagreement picks from them)")
+    ensemble: int = Field(3, ge=1, le=16, description="reward models in the ensemble (differently initialised)")
+    epochs: int = Field(100, ge=1, description="full-batch optimizer steps on all labels after each round")
+    lr: float = Field(3e-3, gt=0, le=1, description="Adam learning rate of the reward models")
+    hidden: int = Field(64, ge=1, le=4096, description="hidden width of each reward model")
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+
+
+class ControlConfig(Section):
+    """A control task: a gymnasium environment stepped in parallel copies, and the signal the policy learns from."""
+
+    env: str = Field("CartPole-v1", description="gymnasium environment id (vector observations)")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+    num_envs: int = Field(8, ge=1, le=1024, description="environments stepped in parallel (gymnasium.vector)")
+    rollout_steps: int = Field(128, ge=1, description="steps per environment per training step")
+    hidden: int = Field(64, ge=1, le=4096, description="hidden width of the actor and critic MLPs")
+    eval_episodes: int = Field(10, ge=1, le=10_000, description="greedy held-out episodes before and after training")
+    reward: Literal["env", "preferences"] = Field("env", description=(
+        "what PPO maximises: the environment's reward, or a reward learned from segment preferences"))
+    cost: str = Field("", description='cost signal (control/envs.py COSTS, e.g. "cart_off_centre"); "" = none')
+    preferences: SegmentPrefsConfig = Field(default_factory=SegmentPrefsConfig)
+
+
 # One config class per algorithm, told apart by `name`; the run path looks the name up in
 # `feedbackrl.train.run.ALGORITHMS`. A new algorithm adds its class here.
-ALGO_CONFIGS = (GRPOConfig, RLOOConfig, PPOConfig, DPOConfig, RewardModelConfig, OnlineRewardModelConfig, SFTOnlyConfig)
+ALGO_CONFIGS = (GRPOConfig, RLOOConfig, PPOConfig, DPOConfig, RewardModelConfig, OnlineRewardModelConfig, SFTOnlyConfig,
+                ControlPPOConfig)
 AlgoConfig = Annotated[Union[ALGO_CONFIGS], Field(discriminator="name")]  # noqa: UP007 (a union built from a tuple)
 ALGO_NAMES = tuple(c.model_fields["name"].default for c in ALGO_CONFIGS)
 ONLINE_ALGOS = ("grpo", "rloo", "ppo")
@@ -384,6 +447,11 @@ class ScaleConfig(Section):
         return self
 
 
+# what a control run (`[control]`) has no use for: given in its recipe, they are refused rather than ignored
+LANGUAGE_MODEL_SECTIONS = ("model", "lora", "task", "sft", "rollout", "reward", "release", "prefs", "online",
+                           "monitors", "scale")
+
+
 class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -401,6 +469,7 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    control: ControlConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -465,8 +534,38 @@ class RunConfig(Section):
         if (self.reward.model or self.reward.source) and a.name not in ONLINE_ALGOS:
             raise ValueError(f"[reward] is the reward of online RL ({', '.join(ONLINE_ALGOS)}); "
                              f"algo.name={a.name!r} does not use it")
+        self._check_control()
         self._check_safety()
         return self
+
+    def _check_control(self) -> None:
+        """`algo.name = "control_ppo"` and `[control]` go together; the rollout splits into the minibatches."""
+        a, c = self.algo, self.control
+        if (a.name == "control_ppo") != (c is not None):
+            raise ValueError("algo.name = 'control_ppo' trains a control policy described by a [control] section: "
+                             f"give both or neither (algo.name = {a.name!r}, [control] "
+                             f"{'present' if c is not None else 'missing'})")
+        if c is None:
+            return
+        n = c.num_envs * c.rollout_steps
+        if n % a.minibatches:
+            raise ValueError(f"algo.minibatches={a.minibatches} must divide control.num_envs * control.rollout_steps"
+                             f" = {n}")
+        if self.cost is not None:
+            raise ValueError("[cost] names a scorer of text completions; a control run's cost is control.cost")
+        stray_eval = sorted(self.eval.model_fields_set - {"every"})
+        if stray_eval:
+            raise ValueError(f"eval.{stray_eval[0]} is a setting of language-model evaluation; a control run uses "
+                             "eval.every and control.eval_episodes only")
+        given = [k for k in LANGUAGE_MODEL_SECTIONS if k in self.model_fields_set]
+        if given:
+            raise ValueError(f"[{given[0]}] is a section of language-model runs, which a control run (algo.name = "
+                             f"'control_ppo') does not use: remove {', '.join(f'[{k}]' for k in given)}")
+        if self.constraint is not None and not c.cost:
+            raise ValueError("[constraint] keeps control.cost under constraint.threshold: set control.cost")
+        if c.reward == "preferences" and c.preferences.segment_len > c.rollout_steps:
+            raise ValueError(f"control.preferences.segment_len = {c.preferences.segment_len} is longer than a "
+                             f"rollout (control.rollout_steps = {c.rollout_steps}), where segments are cut from")
 
     def _check_safety(self) -> None:
         """[cost], [constraint] and [release]: what each needs, and what does not run them yet."""
@@ -474,7 +573,7 @@ class RunConfig(Section):
         if self.cost is not None and a.name not in ONLINE_ALGOS:
             raise ValueError(f"[cost] is a signal of online RL ({', '.join(ONLINE_ALGOS)}); algo.name={a.name!r} "
                              "does not use it")
-        if self.constraint is not None and self.cost is None:
+        if self.constraint is not None and self.cost is None and self.control is None:
             raise ValueError("[constraint] keeps the cost under constraint.threshold: add a [cost] section naming "
                              "the cost source")
         if self.constraint is not None and (self.scale.uses_ray or self.rollout.backend == "vllm"):

@@ -141,12 +141,31 @@ def _draw_cost(ax: Any, rl: list[dict[str, Any]]) -> None:
         lam.legend(fontsize=8, loc="center right")
 
 
+def _control_plot(rows: list[dict[str, Any]], png_path: Path, title: str) -> None:
+    """A control run: the environment's return of the training episodes and of the greedy evaluations."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rl = [r for r in rows if r.get("phase") == "rl" and r.get("episode/return") is not None]
+    per_step = rows[0]["env_steps"] / max(rows[0]["step"], 1) if rows and "env_steps" in rows[0] else 0
+    per_step = next((r["env_steps"] / r["step"] for r in rows if r.get("env_steps") and r["step"]), per_step)
+    ax.plot([r["env_steps"] for r in rl], [r["episode/return"] for r in rl], label="training episodes (true return)")
+    evals = [r for r in rows if r.get("phase") == "eval" or "eval/return" in r]
+    ax.plot([r["step"] * per_step for r in evals], [r["eval/return"] for r in evals], "o-",
+            label="greedy held-out episodes")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("episode return (environment reward)")
+    _finish(fig, ax, png_path, title)
+
+
 def write_plot(metrics_path: Path, png_path: Path, title: str = "") -> None:
     """The run's curves.png, from its metrics.jsonl (see the module docstring)."""
     rows = read_jsonl(metrics_path)
     rl = [r for r in rows if r.get("phase") == "rl"]
     alerts_path = metrics_path.parent / ALERTS_FILE
     alerts = read_jsonl(alerts_path) if rl and alerts_path.is_file() else []
+    if rl and "env_steps" in rl[0]:
+        _control_plot(rows, png_path, title)
+        return
     if rl and "reward/gold_mean" in rl[0]:
         plot_proxy_vs_gold({"this run": metrics_path}, png_path, title, alerts=alerts)
         return

@@ -30,6 +30,7 @@ import copy
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,14 +68,28 @@ from feedbackrl.train.release import SAFETY_EVAL_FILE, release_run, safety_eval
 from feedbackrl.train.report import print_report, write_plot
 from feedbackrl.train.sft import run_sft, sft_warmstart
 
+# A whole run for a policy that is not a language model (control/): its own model, environments and evaluation;
+# the run path gives it the config, the out dir, the checkpoint to resume and the metrics sink.
+WholeRun = Callable[[RunConfig, Path, Path | None, MetricsSink], dict[str, Any]]
+
+
+def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSink) -> dict[str, Any]:
+    """`algo.name = "control_ppo"` (control/loop.py); gymnasium, the control extra, is imported only here."""
+    try:
+        from feedbackrl.control.loop import run_control as run
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"algo.name = 'control_ppo' needs {e.name}: pip install 'feedbackrl[control]'") from None
+    return run(cfg, out_dir, ckpt, sink)
+
 
 @dataclass(frozen=True)
 class Entry:
-    train: Algorithm
+    train: Algorithm | None  # None: `whole_run` does the training
     trains_policy: bool = True  # False: the policy is only the starting point (reward models): no eval after
     resumable: bool = False  # `--resume` continues it from a checkpoint
     off_cpu: bool = False  # runs on `train.device` = cuda
     data_parallel: bool = False  # runs under `torchrun` as a data-parallel learner (`scale/ddp.py`)
+    whole_run: WholeRun | None = None
 
 
 def on_policy(plain: Any, constrained: Any = None) -> Entry:
@@ -92,6 +107,7 @@ ALGORITHMS: dict[str, Entry] = {
     "reward_model": Entry(run_reward_model, trains_policy=False),
     "online_reward_model": Entry(run_online_labels, trains_policy=False),
     "sft": Entry(run_sft, off_cpu=True),
+    "control_ppo": Entry(None, resumable=True, whole_run=run_control),
 }
 
 
@@ -311,6 +327,8 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None, t
     entry, device, ckpt = check_run(cfg, resume)
     if task is not None or reward is not None:
         check_in_process(cfg)
+    if entry.whole_run is not None:
+        return _run_whole(cfg, entry.whole_run, Path(out_dir), ckpt)
     ranks, device = join_ranks(device, cfg.scale.learner, cfg.scale.dist_timeout_s)
     try:
         if not ranks.main:  # the other ranks train in step with rank 0, which evaluates and reports
@@ -319,6 +337,23 @@ def run(cfg: RunConfig, out_dir: str | Path, resume: str | Path | None = None, t
         return _run_main(cfg, entry, out_dir, device, ckpt, ranks, task, reward)
     finally:
         ranks.close()
+
+
+def _run_whole(cfg: RunConfig, whole_run: WholeRun, out_dir: Path, ckpt: Path | None) -> dict[str, Any]:
+    """A whole-run entry, with the run path's config print, sink, report.json, curves.png and summary."""
+    t_start = time.perf_counter()
+    out_dir = start_run(cfg, out_dir)
+    sink = make_sink(cfg, out_dir)
+    try:
+        report = {"task": cfg.task.name if cfg.control is None else cfg.control.env, "algo": cfg.algo.name,
+                  **whole_run(cfg, out_dir, ckpt, sink)}
+    finally:
+        sink.close()
+    report.update(wall_seconds=time.perf_counter() - t_start, resumed_from=str(ckpt) if ckpt else None)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    write_plot(out_dir / "metrics.jsonl", out_dir / "curves.png", f"{report['task']} / {cfg.algo.name}")
+    print_report(report)
+    return report
 
 
 def check_in_process(cfg: RunConfig) -> None:

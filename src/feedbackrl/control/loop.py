@@ -1,0 +1,224 @@
+"""The PPO loop for control policies: `feedbackrl train` with `algo.name = "control_ppo"` and a `[control]`.
+
+Each step, read top to bottom: (1) roll out control.num_envs environments for control.rollout_steps steps;
+(2) the reward: the environment's, or, with control.reward = "preferences", a labelling round when one is
+due and the learned reward; (3) advantages with GAE (`rollout.rollout_advantages` over `algos.ppo.gae`),
+whitened with `algos.ppo.whiten`; with a [constraint], the cost's advantages from a second value head,
+combined with `algos.constrained.combined_advantages` under the text loop's `train/constraint.py:Multiplier`
+(gradient ascent on log lambda or PID, `constraint.bound_delta` included); (4) PPO epochs over shuffled
+minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log, checkpoint.
+
+Shared with the text loops: the losses and advantages in `algos/`, the `Multiplier`, the metrics sink and the
+report and plot of the run path (`train/run.py` runs this as a whole-run entry). Not shared yet: the loop
+itself (a control rollout is (T, E) environment steps, not token sequences of a language model), the
+monitors (their step records hold completions), and the checkpoint writer (the policy is a plain torch
+module, not a Hugging Face model; the layout, `checkpoints/step_N/` with `trainer_state.pt` and
+`run_config.json`, is the same, so `--resume` takes a run or a checkpoint directory alike).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from feedbackrl.algos.constrained import combined_advantages
+from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
+from feedbackrl.config import ConfigError, ControlPPOConfig, RunConfig
+from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
+from feedbackrl.control.policy import ActorCritic
+from feedbackrl.control.preferences import PreferenceLearner
+from feedbackrl.control.rollout import Collector, Rollout, rollout_advantages
+from feedbackrl.log import MetricsSink, console, progress
+from feedbackrl.train.constraint import Multiplier
+
+STATE_FILE, CONFIG_FILE, MODEL_CONFIG = "trainer_state.pt", "run_config.json", "config.json"
+
+
+def _cost_fn(name: str) -> CostFn | None:
+    if not name:
+        return None
+    if name not in COSTS:
+        raise ConfigError(f"control.cost = {name!r} is not a known cost; choose one of {sorted(COSTS)}")
+    return COSTS[name]
+
+
+@torch.no_grad()
+def evaluate(policy: ActorCritic, cfg: RunConfig, seed: int) -> dict[str, float]:
+    """Greedy actions on control.eval_episodes fresh episodes (env i seeded seed + i): the means of their
+    return, length and cost (`eval/return`, `eval/length`, `eval/cost`)."""
+    c = cfg.control
+    collector = Collector(make_vec_env(c.env, c.eval_episodes, c.env_options), seed, _cost_fn(c.cost))
+    first: dict[int, dict[str, float]] = {}
+    gen = torch.Generator().manual_seed(seed)
+    while len(first) < c.eval_episodes:
+        for ep in collector.collect(_Greedy(policy), 16, gen).episodes:
+            first.setdefault(int(ep["env"]), ep)
+    collector.envs.close()
+    eps = list(first.values())
+    return {f"eval/{k}": float(np.mean([e[k] for e in eps])) for k in ("return", "length", "cost")}
+
+
+class _Greedy:
+    """The policy taking its greedy action (for `Collector.collect` in evaluation)."""
+
+    def __init__(self, policy: ActorCritic) -> None:
+        self.policy, self.critic = policy, policy.critic
+
+    def act(self, obs: torch.Tensor, generator: torch.Generator) -> Any:
+        return self.policy.act(obs, generator, greedy=True)
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.policy.values(obs)
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """(T, E, ...) -> (T*E, ...)."""
+    return x.reshape(-1, *x.shape[2:])
+
+
+def ppo_update(policy: ActorCritic, optimizer: torch.optim.Optimizer, ro: Rollout, advantages: torch.Tensor,
+               returns: torch.Tensor, a: ControlPPOConfig, generator: torch.Generator) -> dict[str, float]:
+    """algo.epochs passes of algo.minibatches minibatch steps; advantages (T, E), returns (T, E, H)."""
+    obs, actions, old_logp = _flat(ro.obs), _flat(ro.actions), _flat(ro.logprobs)
+    old_values, adv, ret = _flat(ro.values), _flat(advantages), _flat(returns)
+    n = obs.shape[0]
+    size = n // a.minibatches
+    totals: dict[str, float] = {}
+    for _ in range(a.epochs):
+        perm = torch.randperm(n, generator=generator)
+        for i in range(a.minibatches):
+            idx = perm[i * size:(i + 1) * size]
+            logp, entropy, values = policy.evaluate(obs[idx], actions[idx])
+            ones = torch.ones(size, 1)
+            pl, pstats = ppo_policy_loss(logp[:, None], old_logp[idx][:, None], adv[idx][:, None], ones, a.clip)
+            vl, vstats = value_loss(values, old_values[idx], ret[idx], torch.ones_like(values), a.value_clip)
+            loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            optimizer.step()
+            for k, v in {"loss/policy": pl, "loss/value": vl, "policy/entropy": entropy.mean(),
+                         "grad_norm": grad_norm, **pstats, "value/clip_frac": vstats["value/clip_frac"]}.items():
+                totals[k] = totals.get(k, 0.0) + float(v.detach()) / (a.epochs * a.minibatches)
+    return totals
+
+
+def _save(out_dir: Path, step: int, cfg: RunConfig, state: dict[str, Any], model_config: dict[str, Any]) -> Path:
+    """checkpoints/step_N/ written atomically (a temp dir, then a rename), like the text loops' checkpoints."""
+    final = out_dir / "checkpoints" / f"step_{step:06d}"
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(state, tmp / STATE_FILE)
+    (tmp / CONFIG_FILE).write_text(cfg.model_dump_json(indent=2))
+    (tmp / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSink) -> dict[str, Any]:
+    """Train a control policy with PPO (docs/control.md); -> the report's control section."""
+    c, a, seed = cfg.control, cfg.algo, cfg.train.seed
+    torch.manual_seed(seed)
+    envs = make_vec_env(c.env, c.num_envs, c.env_options)
+    obs_dim, act_dim, discrete = space_dims(envs)
+    heads = 2 if cfg.constraint is not None else 1
+    policy = ActorCritic(obs_dim, act_dim, discrete, c.hidden, value_heads=heads)
+    model_config = {"obs_dim": obs_dim, "action_dim": act_dim, "discrete": discrete, "hidden": c.hidden,
+                    "value_heads": heads, "env": c.env}
+    optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
+    gen = torch.Generator().manual_seed(seed)
+    collector = Collector(envs, seed, _cost_fn(c.cost))
+    learner = PreferenceLearner(c.preferences, obs_dim, act_dim, discrete, a.steps,
+                                torch.Generator().manual_seed(seed + 1)) if c.reward == "preferences" else None
+    multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
+    start, before = 0, None
+    if ckpt is not None:
+        state = torch.load(ckpt / STATE_FILE, weights_only=False)  # our own checkpoint: env states are pickled
+        policy.load_state_dict(state["policy"])
+        optimizer.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        collector.load_state_dict(state["collector"])
+        if learner is not None:
+            learner.load_state_dict(state["learner"])
+            learner.generator.set_state(state["learner_generator"])
+        if multiplier is not None:
+            multiplier.load_state_dict(state["multiplier"])
+        start, before = state["step"], state["eval_before"]
+    else:
+        before = evaluate(policy, cfg, seed + 10_000)
+        sink.log(0, {"phase": "eval", **before})
+    steps_per_update = c.num_envs * c.rollout_steps
+    t0, last = time.perf_counter(), None
+    with progress() as bar:
+        task = bar.add_task("control_ppo", total=a.steps, completed=start, info="")
+        for step in range(start + 1, a.steps + 1):
+            for group in optimizer.param_groups:  # linear annealing to 0, as CleanRL and SB3's examples do
+                group["lr"] = a.lr * (1.0 - (step - 1) / a.steps)
+            # 1. roll out
+            t_roll = time.perf_counter()
+            ro = collector.collect(policy, c.rollout_steps, gen)
+            roll_s = time.perf_counter() - t_roll
+            metrics: dict[str, Any] = {"phase": "rl", "env_steps": step * steps_per_update}
+            # 2. the reward the policy learns from
+            rewards = ro.rewards
+            if learner is not None:
+                metrics.update(learner.query(step - 1, ro))
+                rewards, spread = learner.rewards(ro)
+                metrics["reward/ensemble_std"] = float(spread.mean())
+            # 3. advantages
+            adv, ret = rollout_advantages(rewards, ro.values[..., 0], ro.terminated, ro.truncated,
+                                          ro.boot_values[..., 0], ro.last_values[:, 0], a.gamma, a.lam)
+            ones = torch.ones(1, adv.numel())
+            adv_w = whiten(adv.reshape(1, -1), ones).view_as(adv)
+            returns = ret.unsqueeze(-1)
+            if multiplier is not None:
+                adv_c, ret_c = rollout_advantages(ro.costs, ro.values[..., 1], ro.terminated, ro.truncated,
+                                                  ro.boot_values[..., 1], ro.last_values[:, 1], a.gamma, a.lam)
+                cstats = multiplier.update(ro.costs.mean(0))  # each environment's cost per step over this rollout
+                adv_w = combined_advantages(adv_w, whiten(adv_c.reshape(1, -1), ones).view_as(adv_c), multiplier.lam)
+                returns = torch.stack([ret, ret_c], -1)
+                metrics.update(cstats)
+            # 4. optimise
+            metrics.update(ppo_update(policy, optimizer, ro, adv_w, returns, a, gen))
+            # 5. log, checkpoint
+            metrics.update({"reward/mean": float(rewards.mean()), "reward/gold_mean": float(ro.rewards.mean()),
+                            "cost/mean": float(ro.costs.mean()), "episodes": len(ro.episodes),
+                            "perf/env_steps_per_s_rollout": steps_per_update / max(roll_s, 1e-9)})
+            if ro.episodes:
+                last = {f"episode/{key}": float(np.mean([e[key] for e in ro.episodes]))
+                        for key in ("return", "length", "cost")}
+            metrics.update(last or {})
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < a.steps:
+                metrics.update(evaluate(policy, cfg, seed + 10_000))
+            sink.log(step, metrics)
+            bar.update(task, advance=1, info=f"return {metrics.get('episode/return', float('nan')):.1f}")
+            every = cfg.train.checkpoint_every
+            if step == a.steps or (every and step % every == 0):
+                state = {"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
+                         "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                         "collector": collector.state_dict(), "eval_before": before,
+                         "multiplier": multiplier.state_dict() if multiplier is not None else None}
+                if learner is not None:
+                    state["learner"] = learner.state_dict()
+                    state["learner_generator"] = learner.generator.get_state()
+                _save(out_dir, step, cfg, state, model_config)
+    train_s = time.perf_counter() - t0
+    after = evaluate(policy, cfg, seed + 10_000)
+    sink.log(a.steps, {"phase": "eval", **after})
+    collector.envs.close()
+    console.print(f"{c.env}: greedy return {before['eval/return']:.1f} -> {after['eval/return']:.1f} over "
+                  f"{c.eval_episodes} held-out episodes")
+    report = {"env": c.env, "reward_signal": c.reward, "env_steps": a.steps * steps_per_update,
+              "control_eval_before": before, "control_eval_after": after, "train_seconds": train_s}
+    if learner is not None:
+        report["labels"] = learner.asked
+    return report
