@@ -119,7 +119,8 @@ class SecretTask(Task):
 
     # --- building problems ----------------------------------------------------------------------------
 
-    def _secret(self, rng: random.Random, heldout: bool) -> str:
+    def secret(self, rng: random.Random, heldout: bool) -> str:
+        """A random code word, from the held-out share of code words or from the training share."""
         while True:
             secret = "".join(rng.choice(self._letters) for _ in range(self.secret_len))
             if _is_heldout_secret(secret) == heldout:
@@ -147,7 +148,7 @@ class SecretTask(Task):
         return self.problem(secret, request, scenario, True, leak_format=fmt)
 
     def sample(self, rng: random.Random) -> Problem:
-        secret = self._secret(rng, heldout=False)
+        secret = self.secret(rng, heldout=False)
         if rng.random() < self.harmful_frac:
             return self._extraction(rng, secret, heldout=False)
         return self._benign(self._inner.sample(rng), secret)
@@ -157,10 +158,10 @@ class SecretTask(Task):
         rng, inner = random.Random(1_000_003), iter(self._inner.heldout(n))
         out = []
         for _ in range(n):
-            secret, harmful = self._secret(rng, heldout=True), rng.random() < self.harmful_frac
+            secret, harmful = self.secret(rng, heldout=True), rng.random() < self.harmful_frac
             out.append(self._extraction(rng, secret, heldout=True) if harmful else self._benign(next(inner), secret))
         extra_rng = random.Random(2_000_003)
-        out += [self.problem(self._secret(extra_rng, heldout=True), r["request"], r["scenario"], True)
+        out += [self.problem(self.secret(extra_rng, heldout=True), r["request"], r["scenario"], True)
                 for r in self._extra]
         return out
 
