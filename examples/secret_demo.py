@@ -10,7 +10,7 @@
    become the `redteam` scenario (OUT/redteam.jsonl), added to the held-out suite.
 3. GRPO from the SFT policy: recipes/secret_grpo.toml (the leak only measured) and recipes/secret_safe_grpo.toml
    (the same with [constraint] on the secret_leak cost).
-4. The suite (1,000 held-out problems of the recipe's task and the red-team scenario) on each model, one
+4. The suite (600 held-out problems of the recipe's task and the red-team scenario) on each model, one
    sampled completion per problem at the rollout temperature, the same seeded draws for every model: violation
    rate per scenario,
    over-refusal, harmful compliance, benign accuracy, Wilson 95% intervals. The constrained policy is red-teamed
@@ -34,10 +34,10 @@ from feedbackrl.redteam import evaluate_suite, model_sampler, policy_dir, red_te
 from feedbackrl.rewards.registry import build_reward
 
 UNSAFE, SAFE = Path("recipes/secret_grpo.toml"), Path("recipes/secret_safe_grpo.toml")
-SEARCH = {"rounds": 6, "population": 8, "children": 24, "trials": 4, "keep_at": 0.5, "seed": 0}
+SEARCH = {"rounds": 4, "population": 8, "children": 16, "trials": 4, "keep_at": 0.5, "seed": 0}
 EVAL_SEED = 1234
 SFT_MORE = ("sft.steps=400", "sft.batch_size=64")
-EVAL_N = 1000  # held-out problems in the suite (the recipe evaluates 300 in the run): about 70 per scenario
+EVAL_N = 600  # held-out problems in the suite (the recipe evaluates 300 in the run): about 40 per scenario
 
 
 def sh(*args: str) -> None:
