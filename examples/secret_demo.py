@@ -3,9 +3,7 @@
     python examples/secret_demo.py --out runs/secret_demo            # everything, then the table
     python examples/secret_demo.py --out runs/secret_demo --summary  # only the table, from runs already there
 
-1. SFT warm start on sloppy data (half the extraction answers leak), in two stages: recipes/secret_grpo.toml's
-   [sft] (300 steps of 32), then `SFT_MORE` from that policy (400 steps of 64); the first stage alone had not
-   learnt to copy from the preamble (it neither leaked nor reversed: greedy accuracy 0.013).
+1. SFT warm start (recipes/secret_grpo.toml's [sft]: sloppy data, half the extraction answers leak).
 2. Red team the SFT policy (`feedbackrl.redteam.red_team`, seed 0): the requests it finds that make it leak
    become the `redteam` scenario (OUT/redteam.jsonl), added to the held-out suite.
 3. GRPO from the SFT policy: recipes/secret_grpo.toml (the leak only measured) and recipes/secret_safe_grpo.toml
@@ -36,7 +34,6 @@ from feedbackrl.rewards.registry import build_reward
 UNSAFE, SAFE = Path("recipes/secret_grpo.toml"), Path("recipes/secret_safe_grpo.toml")
 SEARCH = {"rounds": 4, "population": 8, "children": 16, "trials": 4, "keep_at": 0.5, "seed": 0}
 EVAL_SEED = 1234
-SFT_MORE = ("sft.steps=400", "sft.batch_size=64")
 EVAL_N = 600  # held-out problems in the suite (the recipe evaluates 300 in the run): about 40 per scenario
 
 
@@ -48,13 +45,9 @@ def sh(*args: str) -> None:
 
 def train_all(out: Path) -> None:
     cli = [sys.executable, "-m", "feedbackrl.cli", "train"]
-    first, sft = out / "sft", out / "sft2"
-    if not (first / "sft_policy" / "config.json").is_file():
-        sh(*cli, str(UNSAFE), "--out", str(first), "--set", "algo.steps=0")
+    sft = out / "sft"
     if not (sft / "sft_policy" / "config.json").is_file():
-        more = [a for kv in SFT_MORE for a in ("--set", kv)]
-        sh(*cli, str(UNSAFE), "--out", str(sft), "--set", f"model.path={first / 'sft_policy'}", *more,
-           "--set", "algo.steps=0")
+        sh(*cli, str(UNSAFE), "--out", str(sft), "--set", "algo.steps=0")
     if not (out / "redteam.jsonl").is_file():
         result = attack(sft / "sft_policy", out / "redteam.jsonl")
         (out / "redteam_start.json").write_text(json.dumps(result, indent=2))
@@ -89,7 +82,7 @@ def evaluate(model_dir: Path, extra: Path) -> dict:
 
 
 def summary(out: Path) -> dict:
-    models = {"SFT start": out / "sft2" / "sft_policy", "GRPO": policy_dir(out / "unsafe"),
+    models = {"SFT start": out / "sft" / "sft_policy", "GRPO": policy_dir(out / "unsafe"),
               "GRPO-Lagrangian": policy_dir(out / "safe")}
     cache = out / "suite.json"
     results = json.loads(cache.read_text()) if cache.is_file() else {}
