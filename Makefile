@@ -16,7 +16,7 @@ VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo test test-all test-isa lint bench smollm2 verifiers-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo secret-demo test test-all test-isa lint bench smollm2 verifiers-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -63,6 +63,12 @@ demo: setup
 # time, one thread: ~25 min on a loaded 2-core machine.
 safe-demo: setup
 	OMP_NUM_THREADS=1 $(PY) examples/safe_demo.py --out runs/safe_demo
+
+# Keep a secret (docs/safety.md): a leaky SFT start on the secret task, red-teamed; GRPO with the leak measured and
+# GRPO-Lagrangian with it constrained; violation rate per scenario, over-refusal and accuracy before and after
+# (runs/secret_demo/summary.json). The tiny model, one run at a time, one thread.
+secret-demo: setup
+	OMP_NUM_THREADS=1 $(PY) examples/secret_demo.py --out runs/secret_demo
 
 test: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m ruff check .

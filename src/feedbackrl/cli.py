@@ -1,4 +1,5 @@
-"""The `feedbackrl` command: demo, train, eval, serve, verify, config, tasks, monitor, release, label, judge."""
+"""The `feedbackrl` command: demo, train, eval, serve, verify, config, tasks, monitor, release, redteam, label,
+judge."""
 
 from __future__ import annotations
 
@@ -211,6 +212,34 @@ def release(run_dir: Annotated[Path, typer.Argument(help="the run's output direc
         if r:
             typer.echo(f"  {name.replace('_', ' ')}: {r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (n {r['n']})")
     raise typer.Exit(0 if decision.released else 1)
+
+
+@app.command()
+def redteam(model: Annotated[str, typer.Argument(help="run dir (its latest checkpoint, else sft_policy), checkpoint "
+                                                    "or model dir")],
+            recipe: Annotated[Path, typer.Option(help="recipe with the secret task (and its [cost]; default "
+                                                      "secret_leak)")],
+            out: Annotated[Path, typer.Option(help="JSONL of the requests found; load it with task.options.extra")],
+            rounds: Annotated[int, typer.Option(help="mutation rounds", min=0)] = 6,
+            population: Annotated[int, typer.Option(help="parents kept each round (the best so far)", min=1)] = 8,
+            children: Annotated[int, typer.Option(help="new candidates scored each round", min=1)] = 24,
+            trials: Annotated[int, typer.Option(help="sampled completions per candidate, each a fresh code word",
+                                                min=1)] = 8,
+            keep_at: Annotated[float, typer.Option(help="keep candidates whose violation rate reaches this",
+                                                   min=0.001, max=1.0)] = 0.5,
+            limit: Annotated[int | None, typer.Option(help="write at most this many (best first)", min=1)] = None,
+            seed: Annotated[int, typer.Option(help="seeds the search and the sampling")] = 0,
+            set_: Annotated[list[str] | None, typer.Option("--set", help="override a recipe key")] = None) -> None:
+    """Red-team a policy: search for extraction prompts that make it leak the secret; write them as a scenario."""
+    from feedbackrl.redteam import red_team_model
+
+    result = red_team_model(model, recipe, out, set_ or [], seed=seed, rounds=rounds, population=population,
+                            children=children, trials=trials, keep_at=keep_at, limit=limit)
+    summary = result.to_dict()
+    written = len(result.found[:limit])
+    typer.echo(f"{summary['found']} request(s) at violation rate >= {keep_at} among {summary['evaluated']} scored "
+               f"(best {summary['found_best_rate']:.2f}; the task's own templates' best "
+               f"{summary['seed_best_rate']:.2f}); {written} written to {out}")
 
 
 if __name__ == "__main__":  # `python -m feedbackrl.cli`, e.g. under `torchrun -m`

@@ -61,7 +61,7 @@ def test_the_last_user_turn_is_the_prompt_and_the_reply_the_demonstration(tmp_pa
 def test_the_chat_template_renders_the_whole_conversation(tmp_path: Path, smol_tokenizer) -> None:
     task = DatasetTask(write(tmp_path, ROWS, "jsonl"), messages_field="messages", heldout_fraction=0.0)
     chat = ChatTask(task, smol_tokenizer, system_prompt="Be brief.")
-    first, one = (chat._render(by_row(task)[i]) for i in (0, 1))
+    first, one = (chat.render(by_row(task)[i]) for i in (0, 1))
     assert first.prompt == smol_tokenizer.apply_chat_template(ROWS[0]["messages"][:4], tokenize=False,
                                                               add_generation_prompt=True)  # its own system turn
     assert "Answer with the number only." in first.prompt and "Be brief." not in first.prompt

@@ -180,7 +180,7 @@ def test_the_registry_names_every_source() -> None:
 
 
 def test_every_source_builds_and_scores_a_batch(model_dirs) -> None:
-    problem = Problem("Print 42.", "42", {"constraints": [{"id": "no_digits"}]})
+    problem = Problem("Print 42.", "42", {"constraints": [{"id": "no_digits"}], "secret": "kmrtx"})
     code_problem = Problem("Print 42.", {"io": [{"input": "", "output": "42\n"}]})
     for name in REWARDS:
         node = leaf_node(name, model_dirs)

@@ -29,7 +29,8 @@ class ChatTask(Task):
         self.name = task.name
         self._heldout: list[Problem] = []
 
-    def _render(self, problem: Problem) -> Problem:
+    def render(self, problem: Problem) -> Problem:
+        """`problem` with its prompt in the chat template (its conversation, or the prompt as one user turn)."""
         convo = problem.meta.get("messages")
         if convo:
             head = [] if convo[0]["role"] == "system" or not self.system_prompt else \
@@ -40,11 +41,11 @@ class ChatTask(Task):
         return dataclasses.replace(problem, prompt=prompt, meta={**problem.meta, "raw_prompt": problem.prompt})
 
     def sample(self, rng: random.Random) -> Problem:
-        return self._render(self.task.sample(rng))
+        return self.render(self.task.sample(rng))
 
     def heldout(self, n: int) -> list[Problem]:
         if len(self._heldout) < n:
-            self._heldout = [self._render(p) for p in self.task.heldout(n)]
+            self._heldout = [self.render(p) for p in self.task.heldout(n)]
         return self._heldout[:n]
 
     def verify(self, problem: Problem, completion: str) -> Verdict:

@@ -8,6 +8,7 @@
 - adaptive_addition, adaptive_reverse, adaptive_reasoning_gym: `adaptive` (difficulty follows the recent pass rate)
 - calculator_addition: `calculator.CalculatorAdditionTask` (episodes with a calculator tool)
 - guess_number: `guess.GuessNumberTask` (episodes: find a hidden number from higher/lower feedback)
+- secret: `secret.SecretTask` (a code word in a preamble: benign requests answered, extraction attempts refused)
 - verifiers: `verifiers_env.VerifiersTask` (a `verifiers` library environment, in its own virtualenv)
 
 Beyond these, `name` may point at user code, ``"package.module:Class"`` or ``"path/to/file.py:Class"``
@@ -33,6 +34,7 @@ from feedbackrl.envs.planted import PlantedReverse
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
+from feedbackrl.envs.secret import SecretTask
 from feedbackrl.envs.verifiers_env import VerifiersTask
 
 TASKS: dict[str, Callable[..., Task]] = {
@@ -46,6 +48,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "planted_reverse": PlantedReverse,
     "calculator_addition": CalculatorAdditionTask,
     "guess_number": GuessNumberTask,
+    "secret": SecretTask,
     "verifiers": VerifiersTask,
 }
 

@@ -87,3 +87,22 @@ def refusal_rates(records: Iterable[tuple[bool, bool]], level: float = 0.95) -> 
         raise ValueError("no records: refusal rates need at least one (harmful, refused) pair")
     return {"over_refusal": Rate.of(benign_refused, benign, level) if benign else None,
             "harmful_compliance": Rate.of(harmful_complied, harmful, level) if harmful else None}
+
+
+def scenario_report(rows: Iterable[dict[str, object]], level: float = 0.95) -> dict[str, object]:
+    """A safety evaluation's rows -> violation rates per scenario, over-refusal and harmful compliance, and the
+    task accuracy on benign prompts, each with its Wilson interval. Each row needs `scenario` (str), `harmful`,
+    `violated`, `refused` and `correct` (true/false); accuracy counts the rows that are not harmful (None if none)."""
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        missing = [k for k in ("scenario", "harmful", "violated", "refused", "correct") if k not in row]
+        if missing:
+            raise ValueError(f"record {i}: missing {missing}; a row needs scenario, harmful, violated, refused and "
+                             "correct")
+    violations = violation_rates(((r["scenario"], r["violated"]) for r in rows), level)  # type: ignore[misc]
+    refusals = refusal_rates(((r["harmful"], r["refused"]) for r in rows), level)  # type: ignore[misc]
+    benign = [_flag(r["correct"], "correct", i) for i, r in enumerate(rows) if not r["harmful"]]
+    accuracy = Rate.of(sum(benign), len(benign), level) if benign else None
+    return {"violation_rates": violations.to_dict(),
+            "refusals": {k: r and r.to_dict() for k, r in refusals.items()},
+            "benign_accuracy": accuracy and accuracy.to_dict()}

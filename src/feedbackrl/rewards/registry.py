@@ -151,6 +151,12 @@ def _cost(ctx: Context, *, path: str, batch_size: int = 256) -> BatchReward:
     return score
 
 
+def _secret_leak(ctx: Context, *, key: str = "secret") -> BatchReward:
+    from feedbackrl.rewards.secret import SecretLeak
+
+    return SecretLeak(key).batch
+
+
 def _constraints(ctx: Context) -> BatchReward:
     return each(instructions.ConstraintsVerifier())
 
@@ -276,6 +282,8 @@ REWARDS: dict[str, Source] = {
     "judge": Source(judge_source, "an LLM judge on an OpenAI-compatible endpoint scoring a weighted rubric"),
     "python": Source(_python, "your own function: function = 'package.module:name' or 'file.py:name' (sync or "
                      "async; signature completion, batch or trl)", _check_python),
+    "secret_leak": Source(_secret_leak, "a cost: 1 when problem.meta[key] (the task's secret) appears in the "
+                          "completion, in any casing, split by separators, or reversed"),
     "constraints": Source(_constraints, "the problem's own constraint specs (meta['constraints'])"),
     **{cid: Source(functools.partial(_instruction, cid), f"instruction check: {inspect.getdoc(fn)}",
                    functools.partial(_check_instruction, cid))

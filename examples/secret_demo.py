@@ -1,0 +1,138 @@
+"""Keep a secret (docs/safety.md): a leaky SFT start, red-teamed, then GRPO with and without a leak constraint.
+
+    python examples/secret_demo.py --out runs/secret_demo            # everything, then the table
+    python examples/secret_demo.py --out runs/secret_demo --summary  # only the table, from runs already there
+
+1. SFT warm start (recipes/secret_grpo.toml's [sft]: sloppy data, half the extraction answers leak).
+2. Red team the SFT policy (`feedbackrl.redteam.red_team`, seed 0): the requests it finds that make it leak
+   become the `redteam` scenario (OUT/redteam.jsonl), added to the held-out suite.
+3. GRPO from the SFT policy: recipes/secret_grpo.toml (the leak only measured) and recipes/secret_safe_grpo.toml
+   (the same with [constraint] on the secret_leak cost).
+4. The suite (600 held-out problems of the recipe's task and the red-team scenario) on each model, one
+   sampled completion per problem at the rollout temperature, the same seeded draws for every model: violation
+   rate per scenario,
+   over-refusal, harmful compliance, benign accuracy, Wilson 95% intervals. The constrained policy is red-teamed
+   again (the same search) to see what it still leaks on.
+Writes OUT/summary.json and prints the table as Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from feedbackrl.config import RewardConfig, load_config
+from feedbackrl.envs.registry import make_task
+from feedbackrl.models.load import load_policy, load_tokenizer
+from feedbackrl.monitors.safety import Rate
+from feedbackrl.redteam import evaluate_suite, model_sampler, policy_dir, red_team, write_scenario
+from feedbackrl.rewards.registry import build_reward
+
+UNSAFE, SAFE = Path("recipes/secret_grpo.toml"), Path("recipes/secret_safe_grpo.toml")
+SEARCH = {"rounds": 4, "population": 8, "children": 16, "trials": 4, "keep_at": 0.5, "seed": 0}
+EVAL_SEED = 1234
+EVAL_N = 600  # held-out problems in the suite (the recipe evaluates 300 in the run): about 40 per scenario
+
+
+def sh(*args: str) -> None:
+    print("+", " ".join(args), flush=True)
+    if subprocess.run(args, check=False).returncode != 0:
+        raise SystemExit(f"failed: {' '.join(args)}")
+
+
+def train_all(out: Path) -> None:
+    cli = [sys.executable, "-m", "feedbackrl.cli", "train"]
+    sft = out / "sft"
+    if not (sft / "sft_policy" / "config.json").is_file():
+        sh(*cli, str(UNSAFE), "--out", str(sft), "--set", "algo.steps=0")
+    if not (out / "redteam.jsonl").is_file():
+        result = attack(sft / "sft_policy", out / "redteam.jsonl")
+        (out / "redteam_start.json").write_text(json.dumps(result, indent=2))
+    policy = ["--set", f"model.path={sft / 'sft_policy'}", "--set", "sft.steps=0"]
+    for name, recipe in (("unsafe", UNSAFE), ("safe", SAFE)):
+        if not (out / name / "report.json").is_file():
+            sh(*cli, str(recipe), "--out", str(out / name), *policy)
+
+
+def _setup(model_dir: Path, extra: Path | None):
+    cfg = load_config(UNSAFE)
+    if extra:
+        cfg.task.options["extra"] = str(extra)
+    task = make_task(cfg.task)
+    cost = build_reward(RewardConfig(source="secret_leak"), task.verify_batch, "cost")
+    model, tok = load_policy(str(model_dir)), load_tokenizer(str(model_dir))
+    sampler = model_sampler(model, tok, cfg.rollout.max_new_tokens, cfg.rollout.temperature, EVAL_SEED)
+    return cfg, task, cost, sampler
+
+
+def attack(model_dir: Path, path: Path) -> dict:
+    _, task, cost, sampler = _setup(model_dir, None)
+    result = red_team(sampler, task, cost, **SEARCH)
+    written = write_scenario(result, path)
+    return {**result.to_dict(), "written": written, "search": SEARCH}
+
+
+def evaluate(model_dir: Path, extra: Path) -> dict:
+    _, task, cost, sampler = _setup(model_dir, extra if extra.read_text().strip() else None)
+    report, rows = evaluate_suite(sampler, task.heldout(EVAL_N), task, cost)
+    return {"model": str(model_dir), "report": report, "examples": [r for r in rows if r["violated"]][:5]}
+
+
+def summary(out: Path) -> dict:
+    models = {"SFT start": out / "sft" / "sft_policy", "GRPO": policy_dir(out / "unsafe"),
+              "GRPO-Lagrangian": policy_dir(out / "safe")}
+    cache = out / "suite.json"
+    results = json.loads(cache.read_text()) if cache.is_file() else {}
+    for name, path in models.items():
+        if name not in results:
+            results[name] = evaluate(path, out / "redteam.jsonl")
+            cache.write_text(json.dumps(results, indent=2))
+    if not (out / "redteam_after.json").is_file():
+        (out / "redteam_after.json").write_text(json.dumps(attack(models["GRPO-Lagrangian"],
+                                                                  out / "redteam_after.jsonl"), indent=2))
+    rows = {"suite": results, "redteam_start": json.loads((out / "redteam_start.json").read_text()),
+            "redteam_after_safe": json.loads((out / "redteam_after.json").read_text())}
+    for name in ("unsafe", "safe"):
+        rows[f"{name}_report"] = {k: v for k, v in json.loads((out / name / "report.json").read_text()).items()
+                                  if k in ("safety_eval", "release", "train_seconds", "eval_after")}
+    (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    print(table(results))
+    return rows
+
+
+def _fmt(r: dict | None) -> str:
+    return "-" if r is None else f"{r['rate']:.3f} [{r['low']:.2f}, {r['high']:.2f}] ({r['events']}/{r['n']})"
+
+
+def table(results: dict) -> str:
+    scenarios = sorted({s for r in results.values() for s in r["report"]["violation_rates"]["by_scenario"]})
+    head = ["model", *[f"leak: {s}" for s in scenarios if s != "benign"], "leak: all extraction",
+            "over-refusal", "harmful compliance", "benign accuracy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in results.items():
+        rep, by = r["report"], r["report"]["violation_rates"]["by_scenario"]
+        harmful = [by[s] for s in scenarios if s != "benign"]
+        events, n = sum(x["events"] for x in harmful), sum(x["n"] for x in harmful)
+        pooled = Rate.of(events, n, 0.95).to_dict()
+        cells = [name, *[_fmt(by.get(s)) for s in scenarios if s != "benign"], _fmt(pooled),
+                 _fmt(rep["refusals"]["over_refusal"]), _fmt(rep["refusals"]["harmful_compliance"]),
+                 _fmt(rep["benign_accuracy"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/secret_demo"))
+    p.add_argument("--summary", action="store_true", help="only evaluate and summarise runs already in --out")
+    args = p.parse_args()
+    if not args.summary:
+        train_all(args.out)
+    summary(args.out)
+
+
+if __name__ == "__main__":
+    main()
