@@ -29,7 +29,8 @@ def test_int8_matmul_within_its_quantisation_bound():
     # so |err| <= sum_j |y_mj| s_o / 2 + r_m a sum_j (|W_oj| + s_o / 2), plus float32 rounding of the sums.
     g = torch.Generator().manual_seed(0)
     m, n_in, n_out, k = 6, 96, 40, int8.OUTLIER_CHANNELS
-    y, w, bias = torch.randn(m, n_in, generator=g), torch.randn(n_out, n_in, generator=g), torch.randn(n_out, generator=g)
+    y, w = torch.randn(m, n_in, generator=g), torch.randn(n_out, n_in, generator=g)
+    bias = torch.randn(n_out, generator=g)
     planted = torch.randperm(n_in, generator=g)[:k]
     y[:, planted] *= 1000.0
     lin = int8.Linear(w, bias)
