@@ -142,3 +142,29 @@ def test_int8_config_refuses_what_it_does_not_support():
         RunConfig.model_validate({"rollout": {"weights": "int8", "backend": "vllm"}})
     assert RunConfig.model_validate({"rollout": {"weights": "int8"}}).rollout.weights == "int8"
     assert issubclass(ConfigError, ValueError)
+
+
+def test_grpo_on_int8_rollouts_weights_tokens_by_the_fp32_int8_gap(tokenizer, tmp_path):
+    from feedbackrl.config import TaskConfig, build_config
+    from feedbackrl.envs.registry import make_task
+    from feedbackrl.log import MemorySink
+    from feedbackrl.models.tiny import build_model
+    from feedbackrl.train.grpo import train_grpo
+
+    def run(weights: str) -> list[dict]:
+        cfg = build_config({"rollout": {"prompts_per_step": 3, "group_size": 4, "max_new_tokens": 4,
+                                        "weights": weights},
+                            "algo": {"steps": 2, "lr": 3e-2}, "train": {"seed": 3}, "monitors": {"enabled": False}})
+        model = build_model(tokenizer, "tiny", seed=0)
+        with torch.no_grad():  # weights large enough that int8 rounding moves the log-probs measurably
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.mul_(15.0)
+        sink = MemorySink()
+        train_grpo(cfg, model, tokenizer, make_task(TaskConfig(name="addition")), tmp_path / weights, sink)
+        return [m for _, m in sink.rows if "loss/policy" in m]
+
+    fp32, q = run("fp32"), run("int8")
+    assert all("is_weight/mean" not in m for m in fp32)  # on-policy: no correction
+    weights = [m["is_weight/mean"] for m in q]
+    assert len(weights) == 2 and all(0.5 < w < 2.0 and w != 1.0 for w in weights), weights

@@ -16,6 +16,9 @@ as the behaviour log-probs and each token is weighted by min(pi_fp32 / pi_int8, 
 `reduce_range`: without VNNI, x86 int8 kernels multiply u8 x s8 pairs into saturating int16 sums
 (`vpmaddubsw`); 7-bit activations keep those sums from saturating, as PyTorch's x86 default does. With
 VNNI (AVX-512 VNNI or AVX-VNNI) the products go straight to int32 and all 8 bits are used.
+
+torch 2.13 marks the quantised tensor types these kernels take as deprecated (to move to torchao); they
+still run, with one warning per process. A move to torchao's int8 kernels would keep the same maths.
 """
 
 from __future__ import annotations
