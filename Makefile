@@ -76,7 +76,8 @@ test: $(TEST_STAMP) $(VF_STAMP)
 ISA_ENV := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 ISA_TESTS := tests/rollout tests/models/test_llama_forward.py tests/models/test_gguf.py \
 	tests/models/test_token_logprobs.py tests/train/test_ppo_keeps_fast_path.py tests/train/test_lora.py \
-	tests/train/test_micro_batch.py tests/train/test_episodes.py tests/serve/test_openai_api.py
+	tests/train/test_micro_batch.py tests/train/test_episodes.py tests/serve/test_openai_api.py \
+	tests/train/test_optim.py
 test-isa: $(TEST_STAMP)
 	$(ISA_ENV) $(PY) -c "import torch; c = torch.backends.cpu.get_cpu_capability(); print('ATen CPU capability:', c); \
 		assert c == 'DEFAULT', 'ATEN_CPU_CAPABILITY=default was not applied'"

@@ -1,7 +1,8 @@
 """A GRPO step of feedbackrl at two source trees, in lock-step: did a change make training slower?
 
     git worktree add /tmp/before <commit>
-    python benchmarks/ab_commits.py --before /tmp/before --after . [--model tiny|small] [--length 16]
+    python benchmarks/ab_commits.py --before /tmp/before --after . [--model tiny|small] [--length 16] \
+        [--out benchmarks/results/NAME.json]
 
 Two bench_grpo.py workers (each tree's own script, its sources first on PYTHONPATH) take turns step
 by step exactly as run.py's feedbackrl-vs-TRL rows do, so machine load hits both alike. Prints the
@@ -14,10 +15,11 @@ import argparse
 import contextlib
 import json
 import statistics
+import subprocess
 import tempfile
 from pathlib import Path
 
-from common import ensure_model, summarize
+from common import ensure_model, provenance, summarize
 from run import HERE, LockStepWorker, _stop, alternate
 
 
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timed", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, help="also write the result (with its provenance) to this JSON file")
     args = ap.parse_args()
     steps = args.warmup + args.timed
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -43,9 +46,20 @@ def main() -> None:
     step_s = {k: [r["step_s"] for r in v["steps"][args.warmup:]] for k, v in out.items()}
     med = {k: statistics.median(v) for k, v in step_s.items()}
     per_step = [b / a for b, a in zip(step_s["before"], step_s["after"], strict=True)]
-    print(json.dumps({"model": args.model, "length": args.length, "threads": args.threads, "median_step_s": med,
-                      "before_over_after": med["before"] / med["after"], "per_step_ratio": summarize(per_step),
-                      "load_1min": summarize(loads)}, indent=2))
+    commits = {name: commit(tree) for name, tree in (("before", args.before), ("after", args.after))}
+    result = {"model": args.model, "length": args.length, "threads": args.threads, "commits": commits,
+              "median_step_s": med, "before_over_after": med["before"] / med["after"],
+              "per_step_ratio": summarize(per_step), "load_1min": summarize(loads)}
+    print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps({**result, "provenance": provenance()}, indent=1) + "\n")
+
+
+def commit(tree: Path) -> str:
+    """The checkout's commit (and "+dirty" when it has uncommitted changes to tracked files)."""
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(tree), "diff", "--quiet", "HEAD"], capture_output=True).returncode
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 if __name__ == "__main__":

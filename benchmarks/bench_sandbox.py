@@ -116,10 +116,10 @@ def compare(revs: list[str], n: int, n_problems: int, rounds: int, out: Path) ->
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         for _ in range(rounds):
             for name, src in trees.items():
-                out = subprocess.run([sys.executable, __file__, "--worker", "--n", str(n), "--problems",
-                                      str(n_problems)], env={**os.environ, "PYTHONPATH": str(src)},
-                                     capture_output=True, text=True, check=True)
-                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                proc = subprocess.run([sys.executable, __file__, "--worker", "--n", str(n), "--problems",
+                                       str(n_problems)], env={**os.environ, "PYTHONPATH": str(src)},
+                                      capture_output=True, text=True, check=True)
+                runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     table = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     print_machine(info)
     print(f"{rounds} alternating rounds of {n} calls, medians; ratios against {revs[0]}\n")

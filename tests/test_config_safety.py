@@ -37,9 +37,14 @@ def test_the_threshold_is_required():
     assert "constraint.threshold: Field required" in refused(cost=COST, constraint={})
 
 
-def test_ppo_with_a_constraint_is_refused_as_not_yet():
-    msg = refused(algo={"name": "ppo"}, cost=COST, constraint={"threshold": 0.2})
-    assert "algo.name = 'ppo'" in msg and "not yet" in msg and "'grpo' or 'rloo'" in msg
+def test_ppo_takes_a_constraint_as_ppo_lagrangian():
+    from feedbackrl.train.ppo_lagrangian import PPOLagrangian
+    from feedbackrl.train.run import ALGORITHMS, check_run
+
+    cfg = build_config({"algo": {"name": "ppo"}, "cost": COST, "constraint": {"threshold": 0.2}})
+    assert cfg.constraint.threshold == 0.2
+    check_run(cfg, None)  # its objective runs with [constraint]
+    assert ALGORITHMS["ppo"].train.objective_class(cfg) is PPOLagrangian
 
 
 def test_rloo_takes_a_constraint():
@@ -110,3 +115,11 @@ def test_a_margin_above_the_threshold_is_refused():
     assert run(cost=COST, constraint={"threshold": 0.4, "margin": 0.4}).constraint.margin == 0.4
     assert "constraint.margin = 0.5 is above constraint.threshold = 0.4" in refused(
         cost=COST, constraint={"threshold": 0.4, "margin": 0.5})
+
+
+def test_the_pessimistic_bound_needs_a_window_and_a_level():
+    cfg = build_config({"cost": COST, "constraint": {"threshold": 0.2, "bound_delta": 0.1}})
+    assert cfg.constraint.bound_delta == 0.1
+    assert "constraint.window must be >= 2" in refused(cost=COST, constraint={"threshold": 0.2, "bound_delta": 0.1,
+                                                                               "window": 1})
+    assert "constraint.bound_delta" in refused(cost=COST, constraint={"threshold": 0.2, "bound_delta": 0.6})

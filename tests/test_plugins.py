@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from short_run import short_recipe
 from typer.testing import CliRunner
 
 from feedbackrl.cli import app
@@ -110,26 +111,7 @@ def test_feedbackrl_tasks_lists_what_installed_packages_add(installed) -> None:
 
 def test_an_installed_task_and_reward_train(installed) -> None:
     recipe = installed.parent / "recipe.toml"
-    recipe.write_text(textwrap.dedent("""
-        [task]
-        name = "acme_mirror"
-        options = { length = 3 }
-        heldout_size = 4
-        [rollout]
-        prompts_per_step = 2
-        group_size = 2
-        max_new_tokens = 4
-        [algo]
-        steps = 2
-        [eval]
-        pass_k = 0
-        [train]
-        threads = 1
-        [monitors]
-        enabled = false
-        [reward]
-        source = "acme_first_letter"
-        """))
+    recipe.write_text(short_recipe('name = "acme_mirror"\noptions = { length = 3 }', 'source = "acme_first_letter"'))
     res = CliRunner().invoke(app, ["train", str(recipe), "--out", "run"])
     assert res.exit_code == 0, res.output
     steps = [r for r in read_jsonl(installed.parent / "run" / "metrics.jsonl") if "reward/mean" in r]

@@ -231,6 +231,9 @@ class ConstraintConfig(Section):
     kp: float = Field(0.0, ge=0, allow_inf_nan=False, description="pid: proportional gain on J_C - d")
     ki: float = Field(0.1, ge=0, allow_inf_nan=False, description="pid: integral gain")
     kd: float = Field(0.0, ge=0, allow_inf_nan=False, description="pid: derivative gain (on a rising J_C)")
+    bound_delta: float = Field(0.0, ge=0, le=0.5, allow_inf_nan=False, description=(
+        "0: J_C is the window's mean cost; in (0, 0.5]: its one-sided Student-t upper bound at this level "
+        "(HC-RLHF's pessimism in the multiplier's update; needs window >= 2)"))
 
     @model_validator(mode="after")
     def _settings_of_its_multiplier(self) -> ConstraintConfig:
@@ -247,6 +250,9 @@ class ConstraintConfig(Section):
                              "the multiplier would aim at a negative cost")
         if self.init > self.cap:
             raise ValueError(f"constraint.init = {self.init} is above constraint.cap = {self.cap}")
+        if self.bound_delta > 0 and self.window < 2:
+            raise ValueError(f"constraint.bound_delta = {self.bound_delta} bounds the mean of the window's costs: "
+                             f"constraint.window must be >= 2, got {self.window}")
         return self
 
 
@@ -419,12 +425,14 @@ class RunConfig(Section):
         a, n = self.algo, self.rollout.prompts_per_step * self.rollout.group_size
         if a.name in ONLINE_ALGOS and n % a.minibatches:
             raise ValueError(f"algo.minibatches={a.minibatches} must divide prompts_per_step*group_size={n}")
-        if self.scale.uses_ray and a.name not in ("grpo", "rloo"):
-            raise ValueError(f"scale.rollout_workers / scale.reward_workers work with algo.name grpo and rloo so far, "
-                             f"not {a.name!r}")
-        if self.rollout.backend == "vllm" and a.name not in ("grpo", "rloo"):
-            raise ValueError(f"rollout.backend = 'vllm' samples the rollouts of grpo and rloo so far, not "
-                             f"algo.name = {a.name!r}; use rollout.backend = 'native'")
+        # which on-policy algorithm runs with Ray workers, vLLM, torchrun or [constraint] is its objective's
+        # `capabilities` (train/onpolicy.py), checked by the run path before any work
+        if self.scale.uses_ray and a.name not in ONLINE_ALGOS:
+            raise ValueError(f"scale.rollout_workers / scale.reward_workers sample the rollouts of online RL "
+                             f"({', '.join(ONLINE_ALGOS)}), not algo.name = {a.name!r}")
+        if self.rollout.backend == "vllm" and a.name not in ONLINE_ALGOS:
+            raise ValueError(f"rollout.backend = 'vllm' samples the rollouts of online RL ({', '.join(ONLINE_ALGOS)}), "
+                             f"not algo.name = {a.name!r}; use rollout.backend = 'native'")
         if self.rollout.weights != "fp32" and (a.name not in ("grpo", "rloo") or self.rollout.backend != "native"
                                                or self.scale.uses_ray):
             raise ValueError(f"rollout.weights = {self.rollout.weights!r} samples the rollouts of grpo and rloo with "
@@ -480,9 +488,6 @@ class RunConfig(Section):
         if self.constraint is not None and self.cost is None:
             raise ValueError("[constraint] keeps the cost under constraint.threshold: add a [cost] section naming "
                              "the cost source")
-        if self.constraint is not None and a.name == "ppo":
-            raise ValueError("[constraint] with algo.name = 'ppo': PPO-Lagrangian (a cost value head) is not yet "
-                             "supported; use algo.name = 'grpo' or 'rloo'")
         if self.constraint is not None and (self.scale.uses_ray or self.rollout.backend == "vllm"):
             raise ValueError("[constraint] with Ray workers or rollout.backend = 'vllm' is not yet supported: the "
                              "cost is scored in the learner process; set scale.rollout_workers = 0, "

@@ -10,9 +10,12 @@ from feedbackrl.algos.constrained import (
     PIDLagrangeState,
     combined_advantages,
     grpo_lagrangian_advantages,
+    kl_shaped_costs,
     lagrange_update,
     pid_lagrange_update,
+    ppo_lagrangian_advantages,
 )
+from feedbackrl.algos.ppo import gae, kl_penalised_rewards
 
 
 def test_combined_advantages_hand_computed():
@@ -219,3 +222,96 @@ def test_pid_overshoots_and_oscillates_less_than_gradient_ascent():
     assert pid_cross < plain_cross, msg
     # and both settle on the threshold: lambda* solves 1 / (1 + 2 lambda) = 0.3
     assert abs(plain[-1] - threshold) < 0.01 and abs(pid[-1] - threshold) < 0.01, msg
+
+
+# --- PPO-Lagrangian: per-token costs and advantages --------------------------------------------------------------
+
+def test_kl_shaped_costs_hand_computed():
+    costs = torch.tensor([1.0, 0.0])
+    logprobs = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -1.0, 0.0]])
+    ref = torch.tensor([[-1.5, -1.0, 9.0], [-0.5, 7.0, 7.0]])  # the padding's values must not leak
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # row 0: 0.5 * (-1 + 1.5) = 0.25; 0.5 * (-2 + 1) = -0.5, plus the cost 1 at its last real token = 0.5
+    # row 1: 0.5 * (-0.5 + 0.5) = 0 plus the cost 0; padding 0
+    got = kl_shaped_costs(costs, logprobs, ref, mask, 0.5)
+    assert got.tolist() == [[0.25, 0.5, 0.0], [0.0, 0.0, 0.0]]
+    # the KL part is the reward's penalty with the sign turned: drifting costs what it loses in reward
+    penalty = kl_penalised_rewards(torch.zeros(2), logprobs, ref, mask, 0.5)
+    assert (kl_shaped_costs(torch.zeros(2), logprobs, ref, mask, 0.5) == -penalty).all()
+
+
+def test_ppo_lagrangian_advantages_hand_computed_unwhitened():
+    reward_adv = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    cost_adv = torch.tensor([[2.0, 0.0], [1.0, 5.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    got, stats = ppo_lagrangian_advantages(reward_adv, cost_adv, mask, 1.0, whiten_each=False)
+    # lambda = 1: ((1 - 2) / 2, (2 - 0) / 2, (3 - 1) / 2), and 0 on the padding (not (0 - 5) / 2)
+    assert got.tolist() == [[-0.5, 1.0], [1.0, 0.0]]
+    assert stats["advantages/reward_abs_mean"].item() == 2.0  # (1 + 2 + 3) / 3
+    assert stats["advantages/cost_abs_mean"].item() == 1.0  # (2 + 0 + 1) / 3
+
+
+def test_ppo_lagrangian_advantages_whiten_each_on_its_own():
+    reward_adv = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    cost_adv = torch.tensor([[2.0, 0.0], [1.0, 5.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    got, _ = ppo_lagrangian_advantages(reward_adv, cost_adv, mask, 1.0)
+    # real tokens: rewards 1, 2, 3 (mean 2, population std sqrt(2/3)) -> s * (-1, 0, 1), s = sqrt(3/2);
+    # costs 2, 0, 1 (mean 1, the same std) -> s * (1, -1, 0); lambda = 1 -> s * (-1, 1/2, 1/2)
+    s = math.sqrt(1.5)
+    assert got[0, 0].item() == pytest.approx(-s, rel=1e-6)
+    assert got[0, 1].item() == pytest.approx(s / 2, rel=1e-6)
+    assert got[1, 0].item() == pytest.approx(s / 2, rel=1e-6)
+    assert got[1, 1].item() == 0.0
+
+
+def test_ppo_lagrangian_kl_weight_does_not_depend_on_lambda():
+    # with no reward and no cost, only the KL: the cost's per-token signal is minus the reward's, so over zero
+    # values GAE gives A_c = -A_r and (A_r - lambda A_c) / (1 + lambda) = A_r for every lambda
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]])
+    ref = torch.tensor([[-1.5, -1.0, -0.5]])
+    mask = torch.ones(1, 3)
+    zero = torch.zeros(1)
+    a_r, _ = gae(kl_penalised_rewards(zero, logprobs, ref, mask, 0.2), torch.zeros(1, 3), mask, 1.0, 1.0)
+    a_c, _ = gae(kl_shaped_costs(zero, logprobs, ref, mask, 0.2), torch.zeros(1, 3), mask, 1.0, 1.0)
+    for lam in (0.0, 1.0, 4.0):
+        got, _ = ppo_lagrangian_advantages(a_r, a_c, mask, lam, whiten_each=False)
+        torch.testing.assert_close(got, a_r, rtol=0, atol=1e-7)
+
+
+def test_ppo_lagrangian_advantages_reject_other_shapes():
+    with pytest.raises(ValueError, match=r"must be \(N, T\) like the mask \(2, 2\); got \(2,\) and \(2, 2\)"):
+        ppo_lagrangian_advantages(torch.zeros(2), torch.zeros(2, 2), torch.ones(2, 2), 1.0)
+
+
+# --- the pessimistic estimate (HC-RLHF): J_C as the window's Student-t upper bound ---------------------------------
+
+T_90_3 = 1.6377443536962102  # t_{0.9, 3} (scipy.stats.t.ppf(0.9, 3))
+
+
+def test_lagrange_update_with_the_upper_bound_hand_computed():
+    # costs 0, 1, 0, 1: mean 0.5, unbiased std sqrt(1/3), n = 4 -> U = 0.5 + t_{0.9,3} sqrt(1/3) / 2
+    bound = 0.5 + T_90_3 * math.sqrt(1 / 3) / 2  # 0.97278
+    state, stats = lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0, 0.0, 1.0], 0.5, lr=0.1, bound_delta=0.1)
+    assert stats["constraint/cost_window_mean"] == pytest.approx(bound, rel=1e-9)
+    # the mean sits at the threshold (no step), the bound above it: log lambda = 0 + 0.1 * 1 * (U - 0.5)
+    assert state.log_lambda == pytest.approx(0.1 * (bound - 0.5), rel=1e-9)
+    plain, plain_stats = lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0, 0.0, 1.0], 0.5, lr=0.1)
+    assert plain.log_lambda == 0.0 and plain_stats["constraint/cost_window_mean"] == 0.5
+
+
+def test_pid_update_with_the_upper_bound_hand_computed():
+    bound = 0.5 + T_90_3 * math.sqrt(1 / 3) / 2
+    state, stats = pid_lagrange_update(PIDLagrangeState(lam=0.0), [0.0, 1.0, 0.0, 1.0], 0.5, kp=1.0, ki=0.5, kd=0.0,
+                                       bound_delta=0.1)
+    # Delta = U - 0.5; I = Delta; lambda = kp Delta + ki I = 1.5 Delta
+    assert state.lam == pytest.approx(1.5 * (bound - 0.5), rel=1e-9)
+    assert stats["constraint/violation"] == pytest.approx(bound - 0.5, rel=1e-9)
+
+
+def test_the_upper_bound_needs_two_costs_and_a_valid_level():
+    # one cost: no spread to bound, J_C is the cost itself (not an infinite bound that would pin lambda at its cap)
+    state, stats = lagrange_update(LagrangeState.initial(1.0), [0.25], 0.5, bound_delta=0.1)
+    assert stats["constraint/cost_window_mean"] == 0.25 and state.lam < 1.0
+    with pytest.raises(ValueError, match=r"delta must be in \(0, 0.5\]"):
+        lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0], 0.5, bound_delta=0.7)

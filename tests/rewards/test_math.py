@@ -240,6 +240,27 @@ def test_timer_raises_only_inside_its_block() -> None:
     time.sleep(0.1)  # nothing left armed
 
 
+def test_an_alarm_in_a_finalizer_is_not_reported(monkeypatch) -> None:
+    # an alarm that lands in a __del__ (a check's garbage being collected) cannot unwind the check: Python hands
+    # it to sys.unraisablehook and goes on. During a check those reports must not reach the process's hook
+    # (pytest turns them into failures, and formatting one while the re-fire lands raised again); any other
+    # unraisable error still does, and the caller's hook is back after the check
+    import sys
+    from types import SimpleNamespace
+
+    reported: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    other = SimpleNamespace(exc_value=ValueError("a finalizer's own bug"))
+    with _timer(5.0):
+        sys.unraisablehook(SimpleNamespace(exc_value=CheckTimeout("check took longer than 5.0s")))
+        sys.unraisablehook(other)
+    assert reported == [other]
+    assert sys.unraisablehook == reported.append
+    with pytest.raises(CheckTimeout), _timer(0.05):
+        time.sleep(1.0)
+    assert sys.unraisablehook == reported.append  # restored after a timeout too
+
+
 def test_dead_child_gives_an_error_verdict_then_is_replaced() -> None:
     pool = _ChildPool()
     try:

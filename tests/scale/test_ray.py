@@ -214,7 +214,7 @@ def test_collective_sync_survives_a_killed_worker(tiny_model_dir, tmp_path, one_
     lines: list[str] = []
     got = run(tiny_model_dir, tmp_path / "out", config(rollout_workers=2, weight_sync="collective"), 2,
               worker_cls=cls, log=lines.append)
-    # a live worker blocked in the broken group's broadcast is freed when the learner leaves it, not by the
+    # a live worker blocked in the broken group's broadcast is freed by the learner's abandoned mark, not by the
     # timeout; the bound is on each broadcast a worker waited in, not on the run, whose time follows the load
     assert longest_receive_s(marker) < weight_sync.COLLECTIVE_TIMEOUT_S / 2
     assert marker.exists()
@@ -262,9 +262,10 @@ def test_asynchronous_collective_sync_survives_a_killed_worker(tiny_model_dir, t
     lines: list[str] = []
     cfg = config(4, rollout_workers=2, max_staleness=1, weight_sync="collective")
     _, rows, scored = run(tiny_model_dir, tmp_path / "out", cfg, 2, worker_cls=cls, log=lines.append)
-    # the live worker may be left in the broken group's broadcast: it fails out when the learner drops the group,
-    # not at the collective timeout (it sat there 120 s while the group's destructor hung: docs/scale.md). The
-    # bound is on each broadcast a worker waited in, not on the run, whose time follows the machine's load
+    # the live worker may be left in the broken group's broadcast: it fails out when the learner marks the group
+    # abandoned, not at the collective timeout (docs/scale.md: it once sat there 120 s waiting for the learner's
+    # sockets to close). The bound is on each broadcast a worker waited in, not on the run, whose time follows the
+    # machine's load
     assert longest_receive_s(marker) < weight_sync.COLLECTIVE_TIMEOUT_S / 2
     assert marker.exists() and scored == 4 * 12
     assert [rows[s]["scale/worker_restarts"] for s in range(1, 5)] == [0.0, 1.0, 1.0, 1.0]

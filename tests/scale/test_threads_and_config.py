@@ -54,8 +54,13 @@ def test_scale_config_checks():
     assert not build_config({}).scale.uses_ray  # the default is one process
     with pytest.raises(ConfigError, match="scale.max_staleness=1 needs scale.rollout_workers >= 1"):
         build_config({"scale": {"max_staleness": 1}})
-    with pytest.raises(ConfigError, match="work with algo.name grpo and rloo so far, not 'ppo'"):
-        build_config({"algo": {"name": "ppo"}, "scale": {"rollout_workers": 2}})
+    from feedbackrl.train.run import check_run
+
+    with pytest.raises(ConfigError, match="scale.rollout_workers / scale.reward_workers: algo.name = 'ppo' does not "
+                                          "run with it so far; set both to 0"):
+        check_run(build_config({"algo": {"name": "ppo"}, "scale": {"rollout_workers": 2}}), None)
+    with pytest.raises(ConfigError, match="sample the rollouts of online RL"):
+        build_config({"algo": {"name": "dpo"}, "scale": {"rollout_workers": 2}})
 
 
 def test_importing_feedbackrl_first_makes_openmp_wait_passively():

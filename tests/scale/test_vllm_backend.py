@@ -58,14 +58,23 @@ def test_the_backend_is_native_unless_asked_and_a_typo_names_the_choices():
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    ({"algo": {"name": "ppo"}}, r"grpo and rloo so far, not algo\.name = 'ppo'; use rollout\.backend = 'native'"),
-    ({"algo": {"name": "dpo"}}, r"not algo\.name = 'dpo'"),
+    ({"algo": {"name": "dpo"}}, r"online RL \(grpo, rloo, ppo\), not algo\.name = 'dpo'"),
     ({"scale": {"rollout_workers": 2}}, r"set scale\.rollout_workers = 0 and scale\.reward_workers = 0 \(got 2 and 0"),
     ({"scale": {"reward_workers": 3}}, r"\(got 0 and 3\)"),
-], ids=["ppo", "dpo", "rollout-workers", "reward-workers"])
+], ids=["dpo", "rollout-workers", "reward-workers"])
 def test_vllm_is_refused_where_it_is_not_wired(extra, message):
     with pytest.raises(ConfigError, match=message):
         build_config({"rollout": {"backend": "vllm"}, **extra})
+
+
+def test_vllm_is_refused_for_an_objective_without_it():
+    # PPO's objective declares no vLLM rollouts (train/ppo.py): refused before any work, naming the setting
+    from feedbackrl.train.run import check_run
+
+    cfg = build_config({"rollout": {"backend": "vllm"}, "algo": {"name": "ppo"}})
+    with pytest.raises(ConfigError, match=r"rollout\.backend = 'vllm': algo\.name = 'ppo' does not run with it so "
+                                          r"far; use rollout\.backend = 'native'"):
+        check_run(cfg, None)
 
 
 def test_rloo_takes_the_vllm_backend():

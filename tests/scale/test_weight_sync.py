@@ -5,18 +5,25 @@ The broadcast itself, between the learner and Ray workers, is tested in `test_ra
 
 from __future__ import annotations
 
+import datetime
+import threading
+
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from feedbackrl.config import build_config
 from feedbackrl.scale.weight_sync import (
+    GroupMember,
     Segment,
+    abandoned_key,
     bind_flat,
     check_layout,
     group_backend,
     layout,
     messages,
+    new_group,
     segments,
     targets,
     unique_tensors,
@@ -105,3 +112,34 @@ def test_bad_weight_sync_settings_are_rejected():
     assert "'object_store' or 'collective'" in str(err.value)
     with pytest.raises(ValueError, match=r"scale.weight_sync='collective' needs scale.rollout_workers >= 1"):
         build_config({"scale": {"weight_sync": "collective"}})
+
+
+def test_a_worker_waiting_in_an_abandoned_broadcast_fails_out_of_it():
+    # the learner (rank 0 here, in a thread) joins the group but never broadcasts: it marks the generation
+    # abandoned instead, as after a death. The worker must fail out on the mark, not at gloo's 120 s timeout,
+    # whose error reads "Timed out waiting ..."; the learner's group stays alive (parked) all the while
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    learner: list = []
+    joined = threading.Thread(target=lambda: learner.append(new_group(store, 0, 2, 5, "gloo")))
+    joined.start()
+    member = GroupMember()
+    model = nn.Linear(3, 2)
+    lay = layout(model.state_dict())
+    member.join(model, "127.0.0.1", store.port, 1, 2, 5, lay, segments(lay, 1 << 20), "gloo")
+    joined.join()
+    failed: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            member.receive(5)
+        except RuntimeError as err:
+            failed.append(err)
+
+    waiting = threading.Thread(target=receive)
+    waiting.start()
+    store.set(abandoned_key(5), "1")
+    waiting.join()
+    assert len(failed) == 1 and "abandoned weight group generation 5" in str(failed[0]), failed
+    with pytest.raises(RuntimeError, match="generation 5, not 6"):
+        member.receive(6)

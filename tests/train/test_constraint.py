@@ -154,3 +154,18 @@ def test_a_reward_model_is_refused_as_the_cost_model(reward_model_dir: Path):
     cfg = build_config({"cost": {"model": str(reward_model_dir)}})
     with pytest.raises(ConfigError, match="holds a reward model; \\[cost\\] needs a cost model"):
         training_cost(cfg, DigitAddition())
+
+
+def test_the_multiplier_takes_the_pessimistic_bound_from_the_recipe():
+    import torch
+
+    from feedbackrl.config import ConstraintConfig
+    from feedbackrl.train.constraint import Multiplier
+
+    costs = [0.0, 1.0, 0.0, 1.0]
+    for delta in (0.0, 0.1):
+        m = Multiplier.from_config(ConstraintConfig(threshold=0.5, lr=0.1, bound_delta=delta))
+        stats = m.update(torch.tensor(costs))
+        want, want_stats = lagrange_update(LagrangeState.initial(1.0), costs, 0.5, 0.1, 128, 0, 5.0, delta)
+        assert m.state == want and stats["constraint/cost_window_mean"] == want_stats["constraint/cost_window_mean"]
+    assert m.lam > 1.0  # the bound is over the threshold where the mean (0.5) is not

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from short_run import short_recipe
 from typer.testing import CliRunner
 
 from feedbackrl.cli import app
@@ -45,29 +46,7 @@ def broken(problem, completion):
     raise KeyError("answer_column")
 '''
 
-RECIPE = """
-[task]
-name = "reverse"
-options = {{ min_len = 3, max_len = 4, alphabet_size = 5 }}
-heldout_size = 4
-[rollout]
-prompts_per_step = 2
-group_size = 2
-max_new_tokens = 4
-[algo]
-steps = 2
-[eval]
-pass_k = 0
-batch_size = 4
-[train]
-threads = 1
-[monitors]
-enabled = false
-[reward]
-source = "python"
-function = "{function}"
-{options}
-"""
+TASK = 'name = "reverse"\noptions = { min_len = 3, max_len = 4, alphabet_size = 5 }'
 
 # (function, extra [reward] lines, how a returned value maps onto the [0, 1] reward)
 CASES = {
@@ -89,7 +68,7 @@ def workdir(tmp_path: Path, monkeypatch) -> Path:
 
 
 def train(workdir: Path, function: str, options: str) -> tuple[int, str]:
-    (workdir / "recipe.toml").write_text(RECIPE.format(function=function, options=options))
+    (workdir / "recipe.toml").write_text(short_recipe(TASK, f'source = "python"\nfunction = "{function}"\n{options}'))
     res = CliRunner().invoke(app, ["train", "recipe.toml", "--out", "run"])
     return res.exit_code, res.output
 

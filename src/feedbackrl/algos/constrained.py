@@ -16,6 +16,12 @@ ascent step on lambda (J_C - d), with J_C the mean cost over a window of recent 
 GRPO-Lagrangian (`grpo_lagrangian_advantages`) applies the same combination to GRPO's
 group-relative advantages of the rewards and of the costs (`algos.advantages.group_advantages`).
 
+PPO-Lagrangian, Safe RLHF's own form, has a cost value head beside the reward value head: GAE
+(`algos.ppo.gae`) runs on the reward and on the cost separately, each over its own values, and the
+per-token advantages are combined (`ppo_lagrangian_advantages`). The per-token KL penalty goes into
+both signals with opposite signs (`kl_shaped_costs`, beside `algos.ppo.kl_penalised_rewards`), so the
+combined advantage carries the KL term at one weight whatever lambda: (kl + lambda kl) / (1 + lambda).
+
 A multiplier learned by gradient ascent is an integral controller on the violation J_C - d: it
 keeps growing while the cost is over the threshold and needs as long to come down, so with a
 policy that lags behind lambda the cost overshoots and oscillates around d. Stooke et al. 2020
@@ -35,6 +41,12 @@ Departures, shared by both updates:
 - Cap. lambda never exceeds `lambda_max`, the reference trainer's `lambda_max` (the paper has none):
   a large lambda drives the combined advantage towards -A_c and stops reward learning altogether.
   PID caps the integral term too (anti-windup): I stops at lambda_max / K_I.
+- PPO-Lagrangian's KL. Safe RLHF's reference trainer puts half the penalty into each signal (0.5 kl
+  into the reward, -0.5 kl into the cost), so its combined advantage carries kl_coef / 2; here each
+  gets the whole penalty, so `algo.kl_coef` means what it means in PPO. It whitens neither
+  advantage; here, with `algo.whiten_advantages`, each is whitened on its own before they are
+  combined (as GRPO-Lagrangian scales each by its own group std), so lambda trades the two at
+  one scale.
 - The plain update is one step of SGD on log lambda with its own rate `lr`, the reference
   trainer's optimiser (the paper writes the same step); the state is plain Python floats so
   a checkpoint holds it bit-exactly (`to_dict` / `from_dict`).
@@ -49,6 +61,8 @@ from typing import Any
 from torch import Tensor
 
 from feedbackrl.algos.advantages import group_advantages
+from feedbackrl.algos.confidence import mean_cost_upper_bound
+from feedbackrl.algos.ppo import kl_penalised_rewards, whiten
 
 
 def combined_advantages(reward_advantages: Tensor, cost_advantages: Tensor, lam: float | Tensor) -> Tensor:
@@ -81,6 +95,38 @@ def grpo_lagrangian_advantages(rewards: Tensor, costs: Tensor, group_size: int, 
     return combined_advantages(reward_adv, cost_adv, lam), stats
 
 
+def kl_shaped_costs(costs: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor,
+                    kl_coef: float) -> Tensor:
+    """costs (N,); logprobs, ref_logprobs, mask (N, T) -> (N, T) per-token costs.
+
+    costs_t = +kl_coef * (logprobs_t - ref_logprobs_t) on real tokens, plus the completion's cost at its
+    last real token; 0 on padding: `kl_penalised_rewards` of the negated cost, negated. Drifting from the
+    reference is a cost here, as it is a penalty on the reward.
+    """
+    return -kl_penalised_rewards(-costs, logprobs, ref_logprobs, mask, kl_coef)
+
+
+def ppo_lagrangian_advantages(reward_advantages: Tensor, cost_advantages: Tensor, mask: Tensor, lam: float | Tensor,
+                              whiten_each: bool = True) -> tuple[Tensor, dict[str, Tensor]]:
+    """(N, T) GAE advantages of the rewards and of the costs, (N, T) right-padded mask -> (N, T) combined
+    advantages (0 on padding) and stats.
+
+    With `whiten_each`, each advantage is whitened over the batch's real tokens on its own
+    (`algos.ppo.whiten`) first; then `combined_advantages` with the multiplier `lam`. Stats: the mean
+    absolute value of each (after whitening) over the real tokens.
+    """
+    if reward_advantages.shape != mask.shape or cost_advantages.shape != mask.shape:
+        raise ValueError(f"reward and cost advantages must be (N, T) like the mask {tuple(mask.shape)}; got "
+                         f"{tuple(reward_advantages.shape)} and {tuple(cost_advantages.shape)}")
+    m = mask.float()
+    if whiten_each:
+        reward_advantages, cost_advantages = whiten(reward_advantages, mask), whiten(cost_advantages, mask)
+    count = m.sum().clamp(min=1)
+    stats = {"advantages/reward_abs_mean": (reward_advantages.abs() * m).sum() / count,
+             "advantages/cost_abs_mean": (cost_advantages.abs() * m).sum() / count}
+    return combined_advantages(reward_advantages, cost_advantages, lam) * m, stats
+
+
 def _window_costs(window: tuple[float, ...], costs: Tensor | list[float], size: int) -> tuple[float, ...]:
     values = [float(c) for c in (costs.detach().reshape(-1).tolist() if isinstance(costs, Tensor) else costs)]
     if not values:
@@ -88,6 +134,14 @@ def _window_costs(window: tuple[float, ...], costs: Tensor | list[float], size: 
     if not all(math.isfinite(c) for c in values):
         raise ValueError(f"costs must be finite; got {[c for c in values if not math.isfinite(c)][:5]}")
     return (window + tuple(values))[-size:]
+
+
+def _cost_estimate(recent: tuple[float, ...], bound_delta: float) -> float:
+    """J_C: the window's mean cost, or (bound_delta > 0) its one-sided Student-t upper bound at level bound_delta
+    (HC-RLHF's pessimism in the multiplier's update; the mean while the window holds a single cost)."""
+    if bound_delta == 0 or len(recent) < 2:
+        return sum(recent) / len(recent)
+    return mean_cost_upper_bound(list(recent), bound_delta).bound
 
 
 def _check_settings(window: int, delay: int, lambda_max: float) -> None:
@@ -124,18 +178,19 @@ class LagrangeState:
 
 
 def lagrange_update(state: LagrangeState, costs: Tensor | list[float], threshold: float, lr: float = 0.1,
-                    window: int = 128, delay: int = 0, lambda_max: float = 5.0
+                    window: int = 128, delay: int = 0, lambda_max: float = 5.0, bound_delta: float = 0.0
                     ) -> tuple[LagrangeState, dict[str, float]]:
     """One Safe RLHF multiplier step from this step's per-completion costs (N,) -> new state, stats.
 
     log lambda <- min(log lambda + lr * lambda * (J_C - threshold), log lambda_max), J_C the mean of
-    the last `window` costs; no change while `state.step < delay` (the window still fills).
+    the last `window` costs (with `bound_delta` > 0 their Student-t upper bound at that level instead);
+    no change while `state.step < delay` (the window still fills).
     Stats: `constraint/lambda` (after the step), `constraint/cost_window_mean` (J_C),
     `constraint/violation` (J_C - threshold) and `constraint/updated` (1.0 when lambda moved).
     """
     _check_settings(window, delay, lambda_max)
     recent = _window_costs(state.window, costs, window)
-    j_c = sum(recent) / len(recent)
+    j_c = _cost_estimate(recent, bound_delta)
     violation = j_c - threshold
     log_lambda, updated = state.log_lambda, state.step >= delay
     if updated:
@@ -169,19 +224,20 @@ class PIDLagrangeState:
 
 
 def pid_lagrange_update(state: PIDLagrangeState, costs: Tensor | list[float], threshold: float, kp: float,
-                        ki: float, kd: float, window: int = 128, delay: int = 0, lambda_max: float = 5.0
-                        ) -> tuple[PIDLagrangeState, dict[str, float]]:
+                        ki: float, kd: float, window: int = 128, delay: int = 0, lambda_max: float = 5.0,
+                        bound_delta: float = 0.0) -> tuple[PIDLagrangeState, dict[str, float]]:
     """One PID-Lagrangian step (Stooke et al. 2020, algorithm 2) from this step's costs -> new state, stats.
 
     Delta = J_C - threshold; I <- min(max(0, I + Delta), lambda_max / ki); D = max(0, J_C - J_C_prev)
     (0 on the first update); lambda = min(max(0, kp Delta + ki I + kd D), lambda_max). With kp = kd = 0
-    it is plain gradient ascent on lambda itself (not on log lambda) with rate ki.
+    it is plain gradient ascent on lambda itself (not on log lambda) with rate ki. `bound_delta` > 0: J_C is
+    the window's Student-t upper bound at that level, as in `lagrange_update`.
     """
     _check_settings(window, delay, lambda_max)
     if min(kp, ki, kd) < 0:
         raise ValueError(f"PID gains must be >= 0; got kp={kp}, ki={ki}, kd={kd}")
     recent = _window_costs(state.window, costs, window)
-    j_c = sum(recent) / len(recent)
+    j_c = _cost_estimate(recent, bound_delta)
     violation = j_c - threshold
     new = replace(state, window=recent, step=state.step + 1)
     updated = state.step >= delay

@@ -272,7 +272,15 @@ def _timer(seconds: float) -> Iterator[None]:
         if armed:  # a re-fire while the first CheckTimeout unwinds must not escape our caller
             raise CheckTimeout(f"check took longer than {seconds}s")
 
+    def on_unraisable(unraisable: Any) -> None:
+        # An alarm that lands in a finalizer (a __del__ run by the garbage collector mid-check) cannot unwind the
+        # check: Python reports it as "unraisable" and goes on. Drop those reports quietly (the re-fire stops the
+        # check a moment later) instead of printing them, or formatting one while the next alarm lands
+        if not isinstance(unraisable.exc_value, CheckTimeout):
+            old_unraisable(unraisable)
+
     start = time.monotonic()
+    old_unraisable, sys.unraisablehook = sys.unraisablehook, on_unraisable
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})  # a blocked SIGALRM would never stop us
     old_handler = signal.signal(signal.SIGALRM, on_alarm)
     # Re-fire every 50 ms after the first alarm: SymPy has bare `except:` clauses that can swallow
@@ -286,6 +294,7 @@ def _timer(seconds: float) -> Iterator[None]:
         armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)
+        sys.unraisablehook = old_unraisable
         if old_delay:
             left = max(old_delay - (time.monotonic() - start), 1e-3)
             signal.setitimer(signal.ITIMER_REAL, left, old_interval)

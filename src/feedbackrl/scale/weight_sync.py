@@ -15,11 +15,13 @@ follows where the workers hold the policy: gloo for CPU tensors (the workers run
 for CUDA tensors (untested: no rollout worker holds the policy on a GPU yet).
 
 A torch.distributed group cannot take in a new member, so when a worker dies (Ray restarts it from its
-constructor's arguments) the group is made again: the learner leaves the old one (closing its sockets,
-which fails any broadcast a live worker is still blocked in), waits until every worker answers, and all
-of them join a new generation of the group under a fresh key prefix in the same store; the learner
-then broadcasts its last weights, so the restarted worker holds exactly what the others hold. A second
-death during that regroup is not retried: the run stops with the error.
+constructor's arguments) the group is made again: the learner marks the old generation abandoned in the
+store (a live worker blocked in its broadcast sees the mark within `ABANDON_POLL_S` and gives up on it),
+waits until every worker answers, and all of them join a new generation of the group under a fresh key
+prefix in the same store; the learner then broadcasts its last weights, so the restarted worker holds
+exactly what the others hold. A second death during that regroup is not retried: the run stops with the
+error. Abandoned groups are parked, not destroyed: a gloo group whose broadcast failed or is still
+pending can block in its destructor until the peer's timeout (docs/scale.md).
 
 Why plain torch.distributed and not `ray.util.collective`: Ray's collective groups live in actors
 (`init_collective_group` is called inside an actor; the learner here is the driver) and its NCCL
@@ -30,7 +32,6 @@ gives us the timeout, the rendezvous and the failure behaviour directly, as `sca
 from __future__ import annotations
 
 import datetime
-import gc
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +50,10 @@ RESTART_POLLS, RESTART_POLL_S = 240, 0.5  # how long a dead rollout worker may t
 # Elements from which a tensor is its own message. Packing a large tensor costs a copy of it (a quarter of
 # the transfer time for a 100M-parameter model on our CPUs); each message costs a round of the collective.
 PACK_BELOW = 1 << 20
+# How often a worker waiting in a broadcast looks for the learner's mark that the group was abandoned
+ABANDON_POLL_S = 0.05
+# Groups left after a death, kept referenced for the life of the process: never destroyed (see the module's doc)
+_PARKED: list[Any] = []
 
 Layout = list[tuple[str, tuple[int, ...], str]]  # (state-dict key, shape, dtype) of each tensor sent, in order
 
@@ -181,11 +186,32 @@ def broadcast(group: dist.Backend, tensor: Tensor) -> None:
     group.broadcast([tensor], opts).wait()
 
 
+def abandoned_key(generation: int) -> str:
+    """The store key the learner sets when it gives up on generation `generation` of the group."""
+    return f"abandoned/{generation}"
+
+
 def leave(member: Any) -> None:
-    """Drop `member.group`, and collect what may still refer to it: its sockets close with its last reference (a
-    traceback's frames can hold one), which fails any broadcast a peer is still blocked in."""
+    """Drop `member.group` without destroying it: parked for the life of the process (see the module's doc)."""
+    if member.group is not None:
+        _PARKED.append(member.group)
     member.group = None
-    gc.collect()
+
+
+def finish(work: Any, store: dist.Store, generation: int) -> None:
+    """Wait for one collective `work` of generation `generation`; raise as soon as the learner marks that
+    generation abandoned (or the work fails)."""
+    key, pause, next_look = abandoned_key(generation), 1e-4, 0.0
+    while not work.is_completed():
+        now = time.monotonic()
+        if now >= next_look:
+            if store.check([key]):
+                raise RuntimeError(f"the learner abandoned weight group generation {generation} during its "
+                                   "broadcast (a rollout worker died): this worker rejoins the new generation")
+            next_look = now + ABANDON_POLL_S
+        time.sleep(pause)
+        pause = min(2 * pause, ABANDON_POLL_S / 5)
+    work.wait()  # raises the work's error, if it failed
 
 
 def wait_alive(worker: Any, k: int) -> None:
@@ -229,8 +255,10 @@ class GroupMember:
         if self.flats is None or self.group is None or generation != self.generation:
             raise RuntimeError(f"rollout worker is in weight group generation {self.generation}, not {generation} "
                                "(restarted since): it rejoins when the group is made again")
-        for view in targets(self.flats, self.segments):
-            broadcast(self.group, view)
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        for view in targets(self.flats, self.segments):  # one at a time: a message lands before the next is posted
+            finish(self.group.broadcast([view], opts), self.store, generation)
 
 
 class ObjectStoreSync:
@@ -303,8 +331,6 @@ class CollectiveSync:
             return time.perf_counter() - t0
         except (RuntimeError, ray.exceptions.RayError) as err:  # a worker died before or during the broadcast
             failure = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        # made again outside the except clause: the exception's traceback holds the old group, whose sockets must
-        # close for a live worker blocked in its broadcast to fail out of it (else it waits for the timeout)
         self.log(f"weight broadcast failed ({failure}): a rollout worker died; process group made again, policy "
                  f"version {version} broadcast to every worker")
         self.deaths += 1
@@ -333,7 +359,9 @@ class CollectiveSync:
         """Every worker alive, then all of them and the learner in a new generation of the group, same weights."""
         import ray
 
-        leave(self)  # closes the learner's sockets: a worker blocked in the old group's broadcast fails out of it
+        if self.group is not None:  # a worker blocked in the old group's broadcast sees this and fails out of it
+            self.store.set(abandoned_key(self.generation), "1")
+        leave(self)
         for k, w in enumerate(self.workers):
             wait_alive(w, k)
         self.generation += 1
@@ -346,7 +374,9 @@ class CollectiveSync:
             self._broadcast()
 
     def close(self) -> None:
-        leave(self)
+        # the run is over and no broadcast is pending: this group and those parked after deaths can go
+        self.group = None
+        _PARKED.clear()
         self.model, self.store = None, None  # the store's server stops with its last reference
 
 

@@ -53,10 +53,11 @@ class Multiplier:
         c = self.cfg
         target = c.threshold - c.margin
         if isinstance(self.state, LagrangeState):
-            self.state, stats = lagrange_update(self.state, costs, target, c.lr, c.window, c.delay, c.cap)
+            self.state, stats = lagrange_update(self.state, costs, target, c.lr, c.window, c.delay, c.cap,
+                                                 c.bound_delta)
         else:
             self.state, stats = pid_lagrange_update(self.state, costs, target, c.kp, c.ki, c.kd, c.window, c.delay,
-                                                    c.cap)
+                                                    c.cap, c.bound_delta)
         return {**stats, "constraint/threshold": c.threshold}
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""PPO with a value head (RLHF as in Ziegler et al. 2019 and InstructGPT), top to bottom: sample
-prompts, roll out, score, fold the per-token KL penalty into the rewards, GAE, whiten, then for
-each epoch and minibatch the clipped policy and value losses, step and log.
+"""PPO with a value head (RLHF as in Ziegler et al. 2019 and InstructGPT) as an objective of the on-policy
+loop (`train/onpolicy.py`): fold the per-token KL penalty into the rewards, GAE over the rollout-time values,
+whiten; then per micro-batch the clipped policy loss plus vf_coef times the clipped value loss, both
+normalised by the whole minibatch's tokens (so micro-batches sum to the minibatch's loss).
 
-All maths lives in `feedbackrl.algos.ppo`; this file only wires it. The score comes from the
-task's verifier or from a `Scorer` (the recipe's reward, see `train/run.py`).
+All maths lives in `feedbackrl.algos.ppo`; this file only wires it. The loop gives PPO what it gives GRPO:
+`train.precision`, `train.micro_batch_size`, `train.save_optimizer`, resume, the monitors' actions, episode
+transcripts; episodes with per-turn credit add their per-token turn advantages to GAE's before whitening.
 
 Departures from InstructGPT: the value head sits on the policy's own last hidden state (one
 network, loss = policy + vf_coef * value, as in Ziegler et al.'s shared-trunk variant and TRL's
@@ -14,11 +16,9 @@ Checkpoints carry the value head (`value_head.pt`) beside the policy, so `--resu
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -27,14 +27,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.log import MetricsSink, console, progress
-from feedbackrl.models.logprobs import positions, sequence_logprobs, token_logprobs
+from feedbackrl.log import MetricsSink
+from feedbackrl.models.logprobs import positions, token_logprobs
 from feedbackrl.monitors.monitor import Monitor
-from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
-from feedbackrl.train.collect import Scorer, collect, minibatches, task_scorer
-from feedbackrl.train.context import Run
-from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
-from feedbackrl.train.optim import adamw
+from feedbackrl.train.checkpoint import load_extra
+from feedbackrl.train.collect import Batch, Collector, Scorer
+from feedbackrl.train.onpolicy import BatchPass, Capabilities, LossParts, train_on_policy
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -53,6 +51,20 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
 
     values[:, t] is read at the position that predicts completion token t: the state before acting.
     """
+    logprobs, entropy, hidden = logprobs_and_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                                    temperature)
+    return logprobs, head_values(value_head, hidden, completion_mask), entropy
+
+
+def head_values(head: nn.Module, hidden: Tensor, completion_mask: Tensor) -> Tensor:
+    """A value head's (N, T) values on the hidden states of `logprobs_and_hidden`, float32, 0 on padding."""
+    return head(hidden).squeeze(-1).float() * completion_mask.float()
+
+
+def logprobs_and_hidden(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                        completion_mask: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """One forward pass -> per-token log-probs and entropy (N, T), and the (N, T, H) last hidden states at the
+    positions that predict each completion token (what value heads read)."""
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     p = prompt_ids.shape[1]
@@ -64,113 +76,85 @@ def logprobs_and_values(model: PreTrainedModel, value_head: nn.Module, prompt_id
     m = completion_mask.float()
     logprobs, entropy = token_logprobs(model.get_output_embeddings()(hidden), completion_ids, m, temperature,
                                        with_entropy=True)
-    values = value_head(hidden).squeeze(-1).float() * m
-    return logprobs, values, entropy
+    return logprobs, entropy, hidden
+
+
+class PPO:
+    """PPO (`algo.name = "ppo"`); with `[constraint]` the run path takes `train/ppo_lagrangian.py` instead."""
+
+    name = "ppo"
+    capabilities: ClassVar[Capabilities] = Capabilities()  # one process on the CPU; the rest is refused by name
+
+    def __init__(self, cfg: RunConfig, value_head: nn.Module) -> None:
+        self.cfg, self.value_head = cfg, value_head
+
+    @classmethod
+    def build(cls, cfg: RunConfig, model: PreTrainedModel) -> PPO:
+        return cls(cfg, make_value_head(model).to(model.device))
+
+    def modules(self) -> list[nn.Module]:
+        return [self.value_head]
+
+    def prepare(self, batch: Batch, model: PreTrainedModel, rollout_pass: BatchPass, ref_lp: Tensor | None,
+                kl_coef: float) -> dict[str, Tensor]:
+        a, mask = self.cfg.algo, batch.completion_mask
+        temp = self.cfg.rollout.temperature
+        old_lp, old_values, _ = rollout_pass(lambda *t: logprobs_and_values(model, self.value_head, *t, temp))
+        ref_lp = ref_lp if ref_lp is not None else old_lp
+        # KL-shaped per-token rewards, GAE over the rollout-time values, whitened advantages
+        rewards = kl_penalised_rewards(batch.rewards, old_lp, ref_lp, mask, kl_coef)  # (N, T)
+        advantages, returns = gae(rewards, old_values, mask, a.gamma, a.lam)
+        if batch.turn_advantages is not None:  # episodes with per-turn credit
+            advantages = advantages + batch.turn_advantages
+        if a.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        batch.metrics["kl/mean"] = ((old_lp - ref_lp) * mask).sum().item() / max(int(mask.sum()), 1)
+        return {"old_lp": old_lp, "advantages": advantages, "old_values": old_values, "returns": returns}
+
+    def loss(self, model: PreTrainedModel, mb: list[Tensor], rows: dict[str, Tensor], norm: dict[str, float],
+             kl_coef: float) -> LossParts:
+        a, mask = self.cfg.algo, mb[3]
+        logprobs, entropy, hidden = logprobs_and_hidden(model, *mb, self.cfg.rollout.temperature)
+        values = head_values(self.value_head, hidden, mask)
+        pg, pg_stats = ppo_policy_loss(logprobs, rows["old_lp"], rows["advantages"], mask, a.clip,
+                                       num_tokens=norm["num_tokens"])
+        vl, v_stats = value_loss(values, rows["old_values"], rows["returns"], mask, a.value_clip,
+                                 num_tokens=norm["num_tokens"])
+        return LossParts(pg + a.vf_coef * vl, rows={"entropy": entropy.detach()},
+                         totals=token_weighted({"loss/policy": pg, "loss/value": vl}, {**pg_stats, **v_stats}, mask))
+
+    def stats(self, rows: dict[str, Tensor], totals: dict[str, Tensor], mask: Tensor) -> dict[str, float]:
+        return minibatch_stats(rows, totals, mask)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {VALUE_HEAD_FILE: self.value_head.state_dict()}
+
+    def load_state_dict(self, ckpt: Path) -> None:
+        self.value_head.load_state_dict(load_extra(ckpt, VALUE_HEAD_FILE))
+
+
+def token_weighted(losses: dict[str, Tensor], means: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor]:
+    """A micro-batch's totals: its losses as they are (already over the minibatch's tokens, so they sum to the
+    minibatch's) and its token means times its token count (summed, then divided by the minibatch's tokens)."""
+    count = mask.float().sum().clamp(min=1)
+    return {**{k: v.detach() for k, v in losses.items()}, **{k: v.detach() * count for k, v in means.items()}}
+
+
+def minibatch_stats(rows: dict[str, Tensor], totals: dict[str, Tensor], mask: Tensor) -> dict[str, float]:
+    n_tok = mask.sum().clamp(min=1)
+    out = {k: (v if k.startswith("loss/") else v / n_tok).item() for k, v in totals.items()}
+    return {**out, "entropy/mean": ((rows["entropy"] * mask).sum() / n_tok).item()}
 
 
 def train_ppo(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
               out_dir: Path, sink: MetricsSink, scorer: Scorer | None = None, resume_from: Path | None = None,
               on_eval: Callable[[int], dict[str, Any]] | None = None, monitor: Monitor | None = None,
-              reference_source: Path | None = None) -> dict[str, Any]:
-    """Run PPO from step 0 (or from a checkpoint) to `cfg.algo.steps`. Returns the last metrics.
+              reference_source: Path | None = None, collector: Collector | None = None) -> dict[str, Any]:
+    """Run PPO (PPO-Lagrangian with `[constraint]`) with the on-policy loop; the arguments are
+    `train_on_policy`'s."""
+    from feedbackrl.train.ppo_lagrangian import PPOLagrangian  # it builds on this file
 
-    `monitor` (default: one built from `[monitors]`) checks every step and may stop, roll back or raise
-    the KL coefficient.
-    """
-    scorer = scorer or task_scorer(task)
-    a, ro_cfg = cfg.algo, cfg.rollout
-    B, G, temp = ro_cfg.prompts_per_step, ro_cfg.group_size, ro_cfg.temperature
-    value_head = make_value_head(model).to(model.device)
-    params = list(model.parameters()) + list(value_head.parameters())
-    optimizer = adamw(params, lr=a.lr, weight_decay=0.0)
-    prompt_rng = random.Random(cfg.train.seed)
-    sample_rng = torch.Generator().manual_seed(cfg.train.seed)
-    start = 0
-    if resume_from is not None:
-        value_head.load_state_dict(load_extra(resume_from, VALUE_HEAD_FILE))
-        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task)
-        console.print(f"resumed from {resume_from} at step {start}")
-    monitor = live_monitor(cfg, out_dir, monitor, task)
-    kl_coef = a.kl_coef  # a monitor's raise_kl action may raise it
-    wants_ref = a.kl_coef > 0 or (monitor is not None and monitor.needs_reference)
-    ref = frozen_reference(model, tokenizer, out_dir, resume_from, reference_source) if wants_ref else None
-    metrics: dict[str, Any] = {}
-
-    def checkpoint(step: int) -> None:
-        save_checkpoint(out_dir, model, tokenizer, optimizer.state_dict(), step, prompt_rng, sample_rng,
-                        cfg.model_dump_json(indent=2), task.state_dict(),
-                        extras={VALUE_HEAD_FILE: value_head.state_dict()})
-
-    end = a.steps
-    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
-        checkpoint(start)  # something to roll back to before the first periodic checkpoint
-    with progress() as bar:
-        job = bar.add_task("PPO", total=a.steps, completed=start, info="")
-        for step in range(start, a.steps):
-            t0 = time.perf_counter()
-            # 1. roll out G completions for each of B prompts, 2. score them (the collect step)
-            batch = collect(model, tokenizer, task, scorer, ro_cfg, prompt_rng, sample_rng)
-            scores, mask = batch.rewards, batch.completion_mask  # (N,), (N, T)
-            tensors = batch.tensors
-            # 3. KL-shaped per-token rewards, GAE over the rollout-time values, whitened advantages
-            with torch.no_grad():
-                old_lp, old_values, _ = logprobs_and_values(model, value_head, *tensors, temp)
-                ref_lp = sequence_logprobs(ref, *tensors, temp)[0] if ref is not None else old_lp
-                rewards = kl_penalised_rewards(scores, old_lp, ref_lp, mask, kl_coef)  # (N, T)
-                advantages, returns = gae(rewards, old_values, mask, a.gamma, a.lam)
-                if a.whiten_advantages:
-                    advantages = whiten(advantages, mask)
-            # 4. optimise: epochs x minibatches
-            stats: dict[str, list[float]] = {}
-            model.train()
-            for _ in range(a.epochs):
-                for idx in minibatches(B * G, a.minibatches, sample_rng):
-                    mb = [t[idx] for t in tensors]
-                    logprobs, values, entropy = logprobs_and_values(model, value_head, *mb, temp)
-                    pg, pg_stats = ppo_policy_loss(logprobs, old_lp[idx], advantages[idx], mask[idx], a.clip)
-                    vl, v_stats = value_loss(values, old_values[idx], returns[idx], mask[idx], a.value_clip)
-                    loss = pg + a.vf_coef * vl
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
-                    optimizer.step()
-                    n_tok = mask[idx].sum().clamp(min=1)
-                    for k, v in {"loss/policy": pg, "loss/value": vl, **pg_stats, **v_stats, "grad_norm": grad_norm,
-                                 "entropy/mean": (entropy * mask[idx]).sum() / n_tok}.items():
-                        stats.setdefault(k, []).append(float(v.detach()))
-            # 5. log
-            dt = time.perf_counter() - t0
-            gen_tokens = int(mask.sum())
-            metrics = {"phase": "rl", **batch.metrics,
-                       "kl/mean": ((old_lp - ref_lp) * mask).sum().item() / max(gen_tokens, 1),
-                       **{k: sum(v) / len(v) for k, v in stats.items()},
-                       "perf/step_s": dt, "perf/tokens_per_s": gen_tokens / dt}
-            done = step + 1
-            # 6. periodic eval and the monitors: statistics and alerts into the metrics (and OUT/alerts.jsonl)
-            decision = after_step(cfg, done, batch, metrics, monitor, on_eval, kl_coef)
-            sink.log(done, metrics)
-            bar.update(job, advance=1, info=f"reward {metrics['reward/mean']:.3f}  kl {metrics['kl/mean']:.4f}")
-            # 7. the recipe's actions on this step's alerts (a rolled-back step is not checkpointed)
-            if decision is not None and monitor is not None:
-                if decision.stop:
-                    end = done
-                    break
-                if decision.raise_kl:
-                    kl_coef = monitor.raised_kl(kl_coef)
-                if decision.rollback:
-                    back, ckpt = roll_back(out_dir, model, optimizer)
-                    value_head.load_state_dict(load_extra(ckpt, VALUE_HEAD_FILE))
-                    monitor.rolled_back(back)
-                    continue
-            if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
-                checkpoint(done)
-    if start < a.steps or resume_from is None:
-        checkpoint(end)
-    return metrics
-
-
-def run_ppo(run: Run) -> dict[str, Any]:
-    """PPO as the run path calls it, against the recipe's reward."""
-    final = train_ppo(run.cfg, run.model, run.tokenizer, run.task, run.out_dir, run.sink, run.scorer,
-                      resume_from=run.resume_from, on_eval=run.on_eval, reference_source=run.start_dir)
-    return {"steps": run.cfg.algo.steps, "final": final}
+    objective = (PPOLagrangian if cfg.constraint is not None else PPO).build(cfg, model)
+    return train_on_policy(cfg, objective, model, tokenizer, task, out_dir, sink, resume_from=resume_from,
+                           on_eval=on_eval, scorer=scorer, monitor=monitor, collector=collector,
+                           reference_source=reference_source)

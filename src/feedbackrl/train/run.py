@@ -7,7 +7,8 @@ printed summary and curves.png.
 
 Every algorithm gets the same `Run` (`train/context.py`): the policy on its device, the task, the
 metrics sink and the recipe's reward as one `Scorer`. Adding an algorithm is its loop in one file
-under train/ (pure losses in algos/), its config class in config.py, and one line here.
+under train/ (pure losses in algos/), its config class in config.py, and one line here; an on-policy
+algorithm is an objective of the one loop (`train/onpolicy.py`), registered with `on_policy(Objective)`.
 
 Under `torchrun` (WORLD_SIZE > 1) every rank runs this path as one rank of a data-parallel learner
 (`scale/ddp.py`, for the algorithms marked `data_parallel`): rank 0 evaluates and writes everything
@@ -55,9 +56,11 @@ from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resol
 from feedbackrl.train.collect import task_scorer
 from feedbackrl.train.context import Algorithm, OneProcess, Ranks, Run
 from feedbackrl.train.evaluate import EvalResult, evaluate
-from feedbackrl.train.grpo import run_grpo
+from feedbackrl.train.grpo import GroupRelative
 from feedbackrl.train.online_labels import run_online_labels
-from feedbackrl.train.ppo import run_ppo
+from feedbackrl.train.onpolicy import OnPolicy, check_capabilities
+from feedbackrl.train.ppo import PPO
+from feedbackrl.train.ppo_lagrangian import PPOLagrangian
 from feedbackrl.train.preference import run_dpo, run_reward_model
 from feedbackrl.train.prefs import gold_comparison, gold_scorer, training_cost, training_reward
 from feedbackrl.train.release import SAFETY_EVAL_FILE, release_run, safety_eval
@@ -74,10 +77,17 @@ class Entry:
     data_parallel: bool = False  # runs under `torchrun` as a data-parallel learner (`scale/ddp.py`)
 
 
+def on_policy(plain: Any, constrained: Any = None) -> Entry:
+    """An objective of the on-policy loop (`train/onpolicy.py`); `constrained`: the one a recipe with
+    [constraint] gets. Its flags are the objective's own `capabilities` (declared next to it)."""
+    algo = OnPolicy(plain, constrained)
+    return Entry(algo, resumable=True, off_cpu=plain.capabilities.off_cpu, data_parallel=plain.capabilities.torchrun)
+
+
 ALGORITHMS: dict[str, Entry] = {
-    "grpo": Entry(run_grpo, resumable=True, off_cpu=True, data_parallel=True),
-    "rloo": Entry(run_grpo, resumable=True, off_cpu=True, data_parallel=True),
-    "ppo": Entry(run_ppo, resumable=True),
+    "grpo": on_policy(GroupRelative),
+    "rloo": on_policy(GroupRelative),
+    "ppo": on_policy(PPO, constrained=PPOLagrangian),
     "dpo": Entry(run_dpo),
     "reward_model": Entry(run_reward_model, trains_policy=False),
     "online_reward_model": Entry(run_online_labels, trains_policy=False),
@@ -217,6 +227,8 @@ def check_run(cfg: RunConfig, resume: str | Path | None) -> tuple[Entry, torch.d
     if world > 1 and world > cfg.minibatch_rows:
         raise ConfigError(f"torchrun with {world} ranks: a minibatch holds {cfg.minibatch_rows} rows "
                           "(rollout.prompts_per_step * rollout.group_size / algo.minibatches); every rank needs one")
+    if isinstance(entry.train, OnPolicy):  # what the objective runs with, declared next to it
+        check_capabilities(cfg, cfg.algo.name, entry.train.capabilities(cfg), world)
     if cfg.scale.learner == "fsdp":
         check_sharded(cfg, world)
     device = resolve_device(cfg.train.device)
