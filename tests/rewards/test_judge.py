@@ -251,3 +251,23 @@ def test_groupwise_reward_scores_each_group_by_its_round_robin():
     assert [v.score for v in verdicts] == [1.0, 0.25, 0.25, 0.5, 0.5]
     assert [v.passed for v in verdicts] == [True, False, False, False, False]
     assert len(app.state.requests) == 6  # 3 pairs x 2 orders; identical completions are not asked about
+
+
+def test_judge_quality_with_a_local_model_reports_an_unreadable_judge_as_chance(tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from feedbackrl.cli import app
+
+    # the tiny random model writes no verdict the judge can parse: every comparison is a tie (0.5 both ways, so
+    # no position bias), and greedy decoding repeats itself exactly (self-consistency 1)
+    out = CliRunner().invoke(app, ["judge", "quality", "--local-model", str(tiny_model_dir), "--pairs", "4",
+                                   "--max-new-tokens", "6"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["local_model"] == str(tiny_model_dir)
+    assert (report["pairs"], report["agreement"], report["position_bias_rate"], report["self_consistency"]) == (
+        4, 0.5, 0.0, 1.0)
+    both = CliRunner().invoke(app, ["judge", "quality", "--local-model", str(tiny_model_dir), "--base-url", "scripted"])
+    assert both.exit_code != 0 and "exactly one of --base-url" in both.output
+    neither = CliRunner().invoke(app, ["judge", "quality"])
+    assert neither.exit_code != 0 and "exactly one of --base-url" in neither.output

@@ -143,6 +143,9 @@ class ChatTemplateFormat:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: Sequence[dict[str, Any]] = ()) -> None:
         self.tokenizer, self.tools = tokenizer, list(tools) or None
         self.end = end_of_turn(tokenizer)
+        # a template that renders no tools (SmolLM2's) gets them from us: a system prompt in Hermes syntax
+        self.tool_prompt = hermes_tool_prompt(self.tools) if self.tools and not renders_tools(tokenizer,
+                                                                                              self.tools) else None
         conversation: list[Message] = [{"role": "user", "content": "probe question"}]
         for content, new in self._PROBE:  # refuse a template without the prefix property before any episode
             conversation.append({"role": "assistant", "content": content})
@@ -150,7 +153,11 @@ class ChatTemplateFormat:
             conversation.extend(new)
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=False,
+        messages = list(messages)
+        if self.tool_prompt is not None:
+            messages = [*_with_system(messages, self.tool_prompt)]
+            messages = [_hermes_message(m) for m in messages]
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
                                                   add_generation_prompt=generation_prompt)
 
     def prompt(self, messages: Sequence[Message]) -> str:
@@ -198,6 +205,51 @@ class ChatTemplateFormat:
                 "an episode cannot continue from its tokens. Templates that rewrite earlier turns (drop earlier "
                 "reasoning) or normalise content (trim it) cannot play episodes; set the task option "
                 "turn_format = 'minimal' or use a template without that")
+
+
+HERMES_TOOL_PROMPT = (  # the wording of Qwen2.5's and Hermes 2 Pro's tool prompts
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    "signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\nFor each function call, return a json "
+    "object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+
+
+def hermes_tool_prompt(tools: Sequence[dict[str, Any]]) -> str:
+    """The system text that describes `tools` (OpenAI function schemas) and the Hermes call syntax."""
+    return HERMES_TOOL_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+
+
+def renders_tools(tokenizer: PreTrainedTokenizerBase, tools: Sequence[dict[str, Any]]) -> bool:
+    """Whether the chat template puts the tools into the prompt (SmolLM2's, like many, ignores them)."""
+    probe: list[Message] = [{"role": "user", "content": "probe"}]
+    with_tools = tokenizer.apply_chat_template(probe, tools=list(tools), tokenize=False, add_generation_prompt=True)
+    return with_tools != tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+
+
+def _with_system(messages: list[Message], text: str) -> list[Message]:
+    """The conversation with `text` ending its system message (one is added first where there is none)."""
+    if messages and messages[0]["role"] == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _hermes_message(message: Message) -> Message:
+    """An assistant message's tool calls written into its content as Hermes blocks, for a template that renders
+    content only; the same text `parse_json_tool_calls` reads back."""
+    calls = message.get("tool_calls")
+    if message["role"] != "assistant" or not calls:
+        return message
+    blocks = "".join(
+        "\n<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": _arguments(c["function"])},
+                                       ensure_ascii=False) + "\n</tool_call>" for c in calls)
+    content = str(message.get("content") or "")
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": (content + blocks).lstrip("\n")}
+
+
+def _arguments(fn: dict[str, Any]) -> Any:
+    args = fn.get("arguments", {})
+    return json.loads(args) if isinstance(args, str) else args
 
 
 def parse_chat_turn(tokenizer: PreTrainedTokenizerBase, content: str, prompt: str,

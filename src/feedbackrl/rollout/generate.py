@@ -38,7 +38,7 @@ from feedbackrl.models.chat import end_token_ids
 from feedbackrl.models.llama_forward import cat_or_none, rope_pair_rows, shared_prompts
 from feedbackrl.models.logprobs import accepts, encode_prompts, fast_path_ok, positions
 from feedbackrl.models.lora import decodable, effective_weight
-from feedbackrl.rollout import native
+from feedbackrl.rollout import int8, native
 
 # (rows in the whole batch, the slice of them this call generates): see `generate(rows=...)`
 Rows = tuple[int, slice]
@@ -123,6 +123,56 @@ def _unaliased(w: Tensor) -> Tensor:
     return torch.empty(rows, cols + 16, dtype=t.dtype, device=t.device)[:, :cols].copy_(t)
 
 
+class _Fp32Matmuls:
+    """The decoder's matmuls in float32 on weights stored (in, out) (`_unaliased`); biases added by addmm."""
+
+    @staticmethod
+    def prepare(weight: Tensor, bias: Tensor | None, in_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """weight (out, in), bias (out,), in_scale (in,): the RMSNorm weight folded into the weight's columns."""
+        return _unaliased(weight if in_scale is None else weight.mul_(in_scale)), bias
+
+    @staticmethod
+    def mm(y: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        return torch.mm(y, w) if b is None else torch.addmm(b, y, w)
+
+    @staticmethod
+    def mm_into(out: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> None:
+        if b is None:
+            torch.mm(y, w, out=out)
+        else:
+            torch.addmm(b, y, w, out=out)
+
+    @staticmethod
+    def mm_add(x: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> None:  # x += y @ w + b, in place
+        x.addmm_(y, w)
+        if b is not None:
+            x += b
+
+
+class _Int8Matmuls:
+    """The decoder's matmuls on int8 weights and dynamically quantised int8 activations (`rollout/int8.py`)."""
+
+    def __init__(self) -> None:
+        self.reduce = int8.reduce_range()
+
+    @staticmethod
+    def prepare(weight: Tensor, bias: Tensor | None, in_scale: Tensor | None = None) -> tuple[int8.Linear, None]:
+        return int8.Linear(weight, bias, in_scale), None  # the bias is packed with the weight
+
+    def mm(self, y: Tensor, w: int8.Linear, b: None) -> Tensor:
+        return w(y, self.reduce)
+
+    def mm_into(self, out: Tensor, y: Tensor, w: int8.Linear, b: None) -> None:
+        out.copy_(w(y, self.reduce))
+
+    def mm_add(self, x: Tensor, y: Tensor, w: int8.Linear, b: None) -> None:
+        x += w(y, self.reduce)
+
+
+# rollout.weights: what the fast decoder's matmuls run on
+ROLLOUT_WEIGHTS: dict[str, Callable[[], _Fp32Matmuls | _Int8Matmuls]] = {"fp32": _Fp32Matmuls, "int8": _Int8Matmuls}
+
+
 class _LlamaDecoder:
     """`LlamaForCausalLM.forward` with a preallocated KV cache (N, Hkv, P + T, D) per layer.
 
@@ -137,11 +187,14 @@ class _LlamaDecoder:
     down projection); each RMSNorm is one per-row scale r = rsqrt(sum(x^2) + C * eps) with
     sqrt(C) * w folded into the following matmul's weight; residuals are added by the matmul
     itself (`addmm_`); RoPE writes the rotated q and k back into the qkv output so one copy puts
-    k and v into the cache.
+    k and v into the cache. `weights` (`ROLLOUT_WEIGHTS`) picks what the matmuls run on: float32, or int8
+    weights and activations (`rollout/int8.py`), everything else unchanged.
     """
 
-    def __init__(self, model: PreTrainedModel, prompt_mask: Tensor, max_new_tokens: int) -> None:
+    def __init__(self, model: PreTrainedModel, prompt_mask: Tensor, max_new_tokens: int,
+                 weights: str = "fp32") -> None:
         cfg, inner = model.config, model.model
+        self.mats = mats = ROLLOUT_WEIGHTS[weights]()
         n, p = prompt_mask.shape
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
@@ -153,12 +206,15 @@ class _LlamaDecoder:
         dev = self.embed.device
         self.c_eps = torch.tensor(c * cfg.rms_norm_eps, dtype=self.embed.dtype, device=dev)
 
-        def folded(norm: Tensor, *linears: nn.Linear, rows: Tensor | None = None) -> Tensor:  # (in, out)
+        def folded(norm: Tensor, *linears: nn.Linear, rows: Tensor | None = None) -> tuple:
             w = torch.cat([effective_weight(m) for m in linears])  # (out, in): reordering rows is a cheap gather
-            return _unaliased((w if rows is None else w.index_select(0, rows)).mul_(norm * c**0.5))
+            bias = cat_or_none([m.bias for m in linears])
+            if rows is not None:
+                w, bias = w.index_select(0, rows), None if bias is None else bias[rows]
+            return mats.prepare(w, bias, norm * c**0.5)
 
-        def plain(m: nn.Linear) -> Tensor:
-            return _unaliased(effective_weight(m))
+        def plain(m: nn.Linear) -> tuple:
+            return mats.prepare(effective_weight(m), m.bias)
 
         # RoPE as one complex multiply: within each q/k head, output columns reordered so that the pair
         # rotate_half mixes, (i, i + D/2), is adjacent: (x_i + j x_{i+D/2}) * (cos_i + j sin_i) is
@@ -169,13 +225,11 @@ class _LlamaDecoder:
         self.layers = []
         for layer in inner.layers:  # copies: weights change between rollouts, so rebuilt per call
             at, mlp = layer.self_attn, layer.mlp
-            b_qkv = cat_or_none([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
-            self.layers.append((
-                folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj, rows=rows),
-                None if b_qkv is None else b_qkv[rows], plain(at.o_proj), at.o_proj.bias,
-                folded(layer.post_attention_layernorm.weight, mlp.gate_proj, mlp.up_proj),
-                cat_or_none([mlp.gate_proj.bias, mlp.up_proj.bias]), plain(mlp.down_proj), mlp.down_proj.bias))
-        self.lm_head = folded(inner.norm.weight, model.get_output_embeddings())
+            # (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down)
+            self.layers.append((*folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj, rows=rows),
+                                *plain(at.o_proj), *folded(layer.post_attention_layernorm.weight, mlp.gate_proj,
+                                                           mlp.up_proj), *plain(mlp.down_proj)))
+        self.lm_head, self.lm_bias = folded(inner.norm.weight, model.get_output_embeddings())
         total = p + max_new_tokens
         cache = _empty_huge_pages((len(self.layers), 2, n, self.kv_heads, total, d), self.embed.dtype, dev)
         self.cache = [(c, c[0], c[1]) for c in cache]  # per layer: (k and v, k, v), each (N, Hkv, P + T, D)
@@ -247,8 +301,7 @@ class _LlamaDecoder:
         x = F.embedding(tokens.reshape(n * s), self.embed)  # (N * S, C)
         for (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down), (kv, k, v) in zip(self.layers, self.cache,
                                                                                    strict=True):
-            y = self._normed(x)
-            qkv = torch.mm(y, w_qkv) if b_qkv is None else torch.addmm(b_qkv, y, w_qkv)  # (N * S, (H + 2 Hkv) D)
+            qkv = self.mats.mm(self._normed(x), w_qkv, b_qkv)  # (N * S, (H + 2 Hkv) D)
             torch.view_as_complex(qkv[:, : (h + hk) * d].view(n * s, h + hk, d // 2, 2)).mul_(rot)  # RoPE, in place
             # k and v sit side by side in qkv: one copy into the cache (2, N, Hkv, S, D)
             new_kv = qkv[:, h * d :].view(n, s, 2, hk, d)
@@ -261,20 +314,15 @@ class _LlamaDecoder:
             q = qkv[:, : h * d].view(n, s, h, d).transpose(1, 2)
             att = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, **mask, **self.gqa)
             self._after_attention(x, att.transpose(1, 2).reshape(n * s, h * d), w_o, b_o, w_gu, b_gu, w_down, b_down)
-        return torch.mm(self._normed(x.view(n, s, -1)[:, -1]), self.lm_head)
+        return self.mats.mm(self._normed(x.view(n, s, -1)[:, -1]), self.lm_head, self.lm_bias)
 
     def _after_attention(self, x: Tensor, att: Tensor, w_o: Tensor, b_o: Tensor | None, w_gu: Tensor,
                          b_gu: Tensor | None, w_down: Tensor, b_down: Tensor | None) -> None:
         """The rest of a layer, into x in place: x += att @ w_o (+ b_o), then x += the SiLU-gated MLP of norm(x)."""
-        x.addmm_(att, w_o)
-        if b_o is not None:
-            x += b_o
-        y = self._normed(x)
-        gu = torch.mm(y, w_gu) if b_gu is None else torch.addmm(b_gu, y, w_gu)
+        self.mats.mm_add(x, att, w_o, b_o)
+        gu = self.mats.mm(self._normed(x), w_gu, b_gu)
         inter = gu.shape[1] // 2
-        x.addmm_(F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:]), w_down)
-        if b_down is not None:
-            x += b_down
+        self.mats.mm_add(x, F.silu(gu[:, :inter], inplace=True).mul_(gu[:, inter:]), w_down, b_down)
 
     def _native_step(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """`__call__` for one token per row, attention by the C kernel (same maths, float rounding only)."""
@@ -284,14 +332,10 @@ class _LlamaDecoder:
         torch.index_select(self.rot, 0, pos.view(-1), out=self.rot_buf)
         x = F.embedding(tokens.view(-1), self.embed)  # (N, C)
         for i, (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
-            y = self._normed(x)
-            if b_qkv is None:
-                torch.mm(y, w_qkv, out=self.qkv_buf)
-            else:
-                torch.addmm(b_qkv, y, w_qkv, out=self.qkv_buf)
+            self.mats.mm_into(self.qkv_buf, self._normed(x), w_qkv, b_qkv)
             self.native(i, at)  # RoPE on q and k, k and v into the cache at `at`, attention into att_buf
             self._after_attention(x, self.att_buf, w_o, b_o, w_gu, b_gu, w_down, b_down)
-        return torch.mm(self._normed(x), self.lm_head)
+        return self.mats.mm(self._normed(x), self.lm_head, self.lm_bias)
 
 
 def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: Tensor | None,
@@ -333,7 +377,8 @@ def _sample(probs: Tensor, generator: torch.Generator | None, rows: Rows | None 
 def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None, min_new_tokens: int = 0,
-             rows: slice | None = None, all_done: Callable[[Tensor], bool] | None = None) -> Rollout:
+             rows: slice | None = None, all_done: Callable[[Tensor], bool] | None = None,
+             weights: str = "fp32") -> Rollout:
     """Sample one completion per prompt (repeat prompts for groups). Stops per row at any of the model's
     end tokens (`models.chat.end_token_ids`: the generation config's EOS list and the tokenizer's EOS).
 
@@ -343,21 +388,26 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     the one the whole batch would give it. Each decode step draws len(prompts) uniforms from `generator`.
     `all_done` decides from the rows' (n,) done flags whether decoding stops (default: when all are done);
     ranks that share a sharded model pass one that agrees across the ranks, so all make the same calls.
+    `weights` (`ROLLOUT_WEIGHTS`): "int8" runs the fast decoder's matmuls on int8 weights and activations
+    (`rollout/int8.py`; CPU, fast-path models only); the log-probs are then the int8 decoder's.
     """
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     return generate_ids(model, tokenizer, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p, greedy,
-                        generator, min_new_tokens, rows, all_done)
+                        generator, min_new_tokens, rows, all_done, weights)
 
 
 @torch.no_grad()
 def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: Tensor, prompt_mask: Tensor,
                  max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                  generator: torch.Generator | None = None, min_new_tokens: int = 0,
-                 rows: slice | None = None, all_done: Callable[[Tensor], bool] | None = None) -> Rollout:
+                 rows: slice | None = None, all_done: Callable[[Tensor], bool] | None = None,
+                 weights: str = "fp32") -> Rollout:
     """`generate` from token ids: prompt_ids, prompt_mask (N, P) left-padded (multi-turn episodes continue
     from the exact tokens sampled so far, special tokens included, which re-encoding text would not keep)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if weights not in ROLLOUT_WEIGHTS:
+        raise ValueError(f"unknown rollout weights {weights!r}; choose one of {sorted(ROLLOUT_WEIGHTS)}")
     model = decodable(model)  # a LoRA model's transformers model, adapters in place (merged by the fast decoder)
     dev = model.device  # the rollout lives where the model does
     prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
@@ -373,7 +423,14 @@ def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pro
         # an empty prompt (all padding) takes HF's forward: HF attends uniformly over an all-masked row's keys
         # (the mask's large negative swamps the scores), which the fast path's boolean masks do not reproduce
         fast = fast_path_ok(model) and bool(prompt_mask.any(1).all())
-        decoder = (_LlamaDecoder if fast else _HFDecoder)(model, prompt_mask, max_new_tokens)
+        if weights != "fp32" and not fast:
+            raise ValueError(f"rollout weights {weights!r} need the fast decoder (float32 Llama or Qwen2 without "
+                             f"sliding windows, no hooks, no empty prompt); {type(model).__name__} does not take it: "
+                             "use weights 'fp32'")
+        if fast:
+            decoder = _LlamaDecoder(model, prompt_mask, max_new_tokens, weights)
+        else:
+            decoder = _HFDecoder(model, prompt_mask, max_new_tokens)
         logits = decoder.prefill(prompt_ids, positions(prompt_mask))
         pos = positions(prompt_mask)[:, -1:]
         completion_ids = prompt_ids.new_full((n, max_new_tokens), pad)

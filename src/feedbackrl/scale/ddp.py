@@ -135,6 +135,9 @@ class TorchrunRanks(WholePolicy):
         if isinstance(task, EpisodicTask):
             raise ConfigError(f"torchrun: multi-turn task {task.name!r} rolls out episodes in one process so far; "
                               "run it without torchrun")
+        if cfg.weights != "fp32":
+            raise ConfigError(f"torchrun: rollout.weights = {cfg.weights!r} samples in one process so far; run it "
+                              "without torchrun or with rollout.weights = 'fp32'")
         return ShardedCollector(self, model, tokenizer, task, scorer, cfg)
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.config import RolloutConfig
+from feedbackrl.config import ConfigError, RolloutConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.external import ExternalTask
 from feedbackrl.envs.multi_turn import EpisodicTask
@@ -129,6 +129,9 @@ def score_rollout(task: Task, scorer: Scorer, owners: list[Problem], ro: Rollout
 def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
             cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
     """Sample `cfg.prompts_per_step` problems, roll out `cfg.group_size` completions each, score, observe."""
+    if cfg.weights != "fp32" and isinstance(task, (ExternalTask, EpisodicTask)):
+        raise ConfigError(f"rollout.weights = {cfg.weights!r} samples single-turn tasks so far; task {task.name!r} "
+                          "plays multi-turn episodes: use rollout.weights = 'fp32'")
     if isinstance(task, ExternalTask):  # another program plays the episodes against the served policy
         from feedbackrl.train.external import collect_external  # it builds a Batch: imported here
 
@@ -140,8 +143,11 @@ def collect(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Ta
     t0 = time.perf_counter()
     owners = sample_owners(task, cfg, prompt_rng)
     ro = generate(model, tokenizer, [p.prompt for p in owners], cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                  generator=sample_rng, min_new_tokens=cfg.min_new_tokens)
-    return score_rollout(task, scorer, owners, ro, t0, time.perf_counter(), cfg.truncated_fails)
+                  generator=sample_rng, min_new_tokens=cfg.min_new_tokens, weights=cfg.weights)
+    batch = score_rollout(task, scorer, owners, ro, t0, time.perf_counter(), cfg.truncated_fails)
+    if cfg.weights != "fp32":  # the sampler's own log-probs: the loop corrects for its gap to the float32 learner
+        batch.logprobs = ro.logprobs
+    return batch
 
 
 class Collector(Protocol):

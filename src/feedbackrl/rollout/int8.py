@@ -1,0 +1,84 @@
+"""Int8 rollout weights: the fast decoder's matmuls on int8 weights and int8 activations (CPU only).
+
+`rollout.weights = "int8"` (`generate(..., weights="int8")`): every matmul of `_LlamaDecoder` (q/k/v, o,
+gate/up, down, the LM head) runs as PyTorch's dynamically quantised linear
+(`torch.ops.quantized.linear_dynamic`, fbgemm or oneDNN underneath): the weight, with the RMSNorm weight
+folded in, quantised once per call of `generate` to int8 per output channel (symmetric, scale = max |w| / 127
+per row), each activation quantised per tensor to 8 bits at every matmul (its own min and max), int32
+accumulation, float32 out. Attention, the KV cache, the norms, softmax and sampling stay float32.
+
+What it costs in accuracy is measured, not assumed: the sampled tokens' log-probs under the int8 decoder
+differ from float32 scoring of the same tokens (docs/performance.md, "Int8 rollout weights"). The
+training loop corrects for that gap as it does for vLLM's: the batch carries the int8 sampler's log-probs
+as the behaviour log-probs and each token is weighted by min(pi_fp32 / pi_int8, scale.importance_cap)
+(`algos/staleness.py`, truncated importance sampling; `is_weight/mean` logs it).
+
+`reduce_range`: without VNNI, x86 int8 kernels multiply u8 x s8 pairs into saturating int16 sums
+(`vpmaddubsw`); 7-bit activations keep those sums from saturating, as PyTorch's x86 default does. With
+VNNI (AVX-512 VNNI or AVX-VNNI) the products go straight to int32 and all 8 bits are used.
+
+torch 2.13 marks the quantised tensor types these kernels take as deprecated (to move to torchao); they
+still run, with one warning per process. A move to torchao's int8 kernels would keep the same maths.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def reduce_range() -> bool:
+    """7-bit activations where the CPU lacks VNNI (int16 intermediate sums could saturate), else 8 bits."""
+    return not torch.cpu._is_vnni_supported()
+
+
+OUTLIER_CHANNELS = 16  # input channels per matmul kept in float32, picked per call by the activation's magnitude
+
+
+class Linear:
+    """y -> (y * in_scale) @ W.T + b: int8 weights and activations, with the activation's outlier channels in float32.
+
+    - Per-row activations: the kernel quantises its input per tensor (one scale for the whole batch);
+      dividing each row by its largest magnitude first and multiplying the output rows back gives every
+      row all 8 bits (a matmul without bias is linear in each row).
+    - Outlier channels (LLM.int8(), Dettmers et al. 2022): a few input channels of a transformer's
+      activations are far larger than the rest, and one per-row scale spent on them leaves the others a few
+      levels. Each call takes the `OUTLIER_CHANNELS` channels of largest magnitude over the batch out of the
+      int8 product and multiplies them in float32 by the same rows of the float32 weight. On
+      SmolLM2-135M this cut the mean |log-prob gap| to float32 from 0.22 to 0.06 nats per token.
+    - `in_scale` (in,) is the RMSNorm weight before this matmul, applied to the activation rather than
+      folded into W: folded, it would scale W's columns unevenly and the per-row quantisation of W would
+      lose the small ones.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, in_scale: Tensor | None = None) -> None:
+        self.packed = pack(weight, None)
+        self.weight_t = weight.detach().float().t().contiguous()  # (in, out): the outlier channels' rows
+        self.bias = None if bias is None else bias.detach().float()
+        self.in_scale = None if in_scale is None else in_scale.detach().float()
+        self.outliers = min(OUTLIER_CHANNELS, weight.shape[1])
+
+    def __call__(self, y: Tensor, reduce: bool) -> Tensor:
+        y = y * self.in_scale if self.in_scale is not None else y.clone()  # (M, in), ours to change
+        idx = y.abs().amax(dim=0).topk(self.outliers).indices
+        out = torch.mm(y[:, idx], self.weight_t.index_select(0, idx))
+        y[:, idx] = 0.0
+        row_max = y.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
+        out.addcmul_(torch.ops.quantized.linear_dynamic(y.div_(row_max), self.packed, reduce), row_max)
+        return out if self.bias is None else out.add_(self.bias)
+
+
+def pack(weight: Tensor, bias: Tensor | None) -> torch.ScriptObject:
+    """(out, in) float32 weight (and (out,) bias) -> packed int8 weights, symmetric per output channel."""
+    if weight.device.type != "cpu":
+        raise ValueError(f"int8 rollout weights run on the CPU only; the model is on {weight.device}")
+    w = weight.detach().float().contiguous()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp_(min=torch.finfo(torch.float32).tiny).double()
+    q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float().contiguous())
+
+
+def unpacked(packed: torch.ScriptObject) -> tuple[Tensor, Tensor | None]:
+    """The float32 weight (out, in) that the int8 kernel multiplies by (int8 values x scales), and the bias."""
+    q, bias = torch.ops.quantized.linear_unpack(packed)
+    return q.dequantize(), bias
