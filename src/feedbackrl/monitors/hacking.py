@@ -96,31 +96,48 @@ class FormatOnly(Detector):
 
 @dataclass
 class ProxyGoldDivergence(Detector):
-    """The training reward rises faster than a gold check the policy never sees.
+    """The training reward rises faster than a check the policy never sees: gold, or an audit.
 
     Reads the monitor's own gold sample (`monitor/proxy_mean`, `monitor/gold_mean`, every
     `monitors.gold_every` steps) or, when absent, a loop's logged `reward/mean` and
-    `reward/gold_mean`. Statistic: (proxy - gold) now minus (proxy - gold) at the start, means of
-    the last and first `window` gold checks. Fires at >= `gap_min`.
+    `reward/gold_mean`; and each audit channel's pair (`monitor/audit/NAME/proxy_mean`,
+    `monitor/audit/NAME/mean`, every `monitors.audit.every` steps). Statistic, per pair: (proxy -
+    check) now minus (proxy - check) at the start, means of the last and first `window` gold checks
+    (`audit_window` audits: audits are sparser, so one audit against the first). Fires at >=
+    `gap_min` on any pair. An audit also fires on the gap itself: when the training reward exceeds the
+    audit by >= `audit_level` on the last `audit_window` audits (a hack present from the first step,
+    e.g. a verifier that already passes the warm start's copies, never widens the gap).
     """
 
     window: int = 3
+    audit_window: int = 1
     gap_min: float = 0.1
+    audit_level: float = 0.3
     name: str = "proxy_gold"
 
     def check(self, rows: Sequence[dict[str, Any]]) -> Finding | None:
-        keys = ("monitor/proxy_mean", "monitor/gold_mean")
-        if not series(rows, keys[1]):
-            keys = ("reward/mean", "reward/gold_mean")
-        both = [r for r in rows if all(isinstance(r.get(k), int | float) for k in keys)]
-        gaps = base_and_recent([r[keys[0]] - r[keys[1]] for r in both], self.window)
-        if gaps is None:
-            return None
-        rise = gaps[1] - gaps[0]
-        if rise >= self.gap_min:
-            last = both[-1]
-            return Finding(rise, self.gap_min, f"proxy - gold gap grew by {rise:.2f} (proxy {last[keys[0]]:.2f}, "
-                                               f"gold {last[keys[1]]:.2f})")
+        gold = ("monitor/proxy_mean", "monitor/gold_mean")
+        if not series(rows, gold[1]):
+            gold = ("reward/mean", "reward/gold_mean")
+        pairs = [(gold, self.window, "gold")]
+        channels = sorted({k[len("monitor/audit/"):-len("/proxy_mean")] for r in rows for k in r
+                           if k.startswith("monitor/audit/") and k.endswith("/proxy_mean")})
+        pairs += [((f"monitor/audit/{c}/proxy_mean", f"monitor/audit/{c}/mean"), self.audit_window, f"audit {c!r}")
+                  for c in channels]
+        for keys, window, what in pairs:
+            both = [r for r in rows if all(isinstance(r.get(k), int | float) for k in keys)]
+            diffs = [r[keys[0]] - r[keys[1]] for r in both]
+            if what != "gold" and len(diffs) >= window and (level := mean(diffs[-window:])) >= self.audit_level:
+                return Finding(level, self.audit_level, f"training reward above {what} by {level:.2f} (proxy "
+                                                        f"{both[-1][keys[0]]:.2f}, {what} {both[-1][keys[1]]:.2f})")
+            gaps = base_and_recent(diffs, window)
+            if gaps is None:
+                continue
+            rise = gaps[1] - gaps[0]
+            if rise >= self.gap_min:
+                last = both[-1]
+                return Finding(rise, self.gap_min, f"proxy - {what} gap grew by {rise:.2f} (proxy "
+                                                   f"{last[keys[0]]:.2f}, {what} {last[keys[1]]:.2f})")
         return None
 
     def examples(self, record: StepRecord, k: int) -> list[str]:
