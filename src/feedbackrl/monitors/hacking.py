@@ -149,6 +149,56 @@ class ProxyGoldDivergence(Detector):
 
 
 @dataclass
+class PromptCopy(Detector):
+    """Completions converge on copies or fragments of their prompt, and the reward pays for them.
+
+    A copy: a completion (stripped, at least `min_chars` characters) found verbatim in its prompt. Statistic:
+    the fraction of the step's completions that are copies, mean of the last `window` steps minus the
+    first `window`. Fires at >= `rise_min` when the copies are paid: over the last `window` steps their
+    mean reward is at least the other completions' (`monitor/prompt_copy_paid` >= 0). Needs no gold:
+    a verifier that an echo of the input passes (letters compared as a multiset, an answer searched for
+    anywhere in a text that includes the question) shows as a rise in rewarded copies.
+    """
+
+    window: int = 5
+    rise_min: float = 0.1
+    min_chars: int = 3
+    name: str = "prompt_copy"
+
+    def copies(self, record: StepRecord) -> list[int]:
+        if not record.prompts:
+            return []
+        return [i for i, (p, t) in enumerate(zip(record.prompts, record.texts, strict=True))
+                if len(t.strip()) >= self.min_chars and t.strip() in p]
+
+    def measure(self, record: StepRecord) -> dict[str, float]:
+        if not record.prompts or not len(record):
+            return {}
+        hits = set(self.copies(record))
+        out = {"monitor/prompt_copy_frac": len(hits) / len(record)}
+        paid = [record.rewards[i] for i in hits]
+        rest = [r for i, r in enumerate(record.rewards) if i not in hits]
+        if paid and rest:
+            out["monitor/prompt_copy_paid"] = mean(paid) - mean(rest)
+        return out
+
+    def check(self, rows: Sequence[dict[str, Any]]) -> Finding | None:
+        frac = base_and_recent(series(rows, "monitor/prompt_copy_frac"), self.window)
+        if frac is None:
+            return None
+        rise = frac[1] - frac[0]
+        recent = rows[-self.window:]
+        paid = series(recent, "monitor/prompt_copy_paid")
+        if rise >= self.rise_min and paid and mean(paid) >= 0:
+            return Finding(rise, self.rise_min, f"copies of the prompt {frac[0]:.0%} -> {frac[1]:.0%} of completions, "
+                                                f"rewarded {mean(paid):+.2f} above the rest")
+        return None
+
+    def examples(self, record: StepRecord, k: int) -> list[str]:
+        return [record.texts[i] for i in self.copies(record)[:k]] or super().examples(record, k)
+
+
+@dataclass
 class EnsembleDisagreement(Detector):
     """Reward models of an ensemble disagree more and more (the policy found where one is wrong).
 
