@@ -51,7 +51,8 @@ def test_step_monitor_with_an_audit_flags_rewarded_wrong_answers_and_not_right_o
     words = ["abcd", "bcde", "cdef", "defg"]
     prompts = [f"{w}=" for w in words for _ in range(4)]
     answers = [w[::-1] for w in words for _ in range(4)]
-    hacked, clean = StepMonitor(audited_cfg(), audits=[exact_audit()]), StepMonitor(audited_cfg(), audits=[exact_audit()])
+    hacked = StepMonitor(audited_cfg(), audits=[exact_audit()])
+    clean = StepMonitor(audited_cfg(), audits=[exact_audit()])
     for step in range(1, 5):
         copies = [w for w in words for _ in range(4)]
         hacked.step(step, prompts, copies, [1.0] * 16, answers=answers)  # paid, and wrong

@@ -57,9 +57,9 @@ def as_batch(prompts: Sequence[Any], completions: Sequence[Any], rewards: Sequen
     n = len(completions)
     if not (len(prompts) == n == len(rewards)) or (answers is not None and len(answers) != n) or (
             passed is not None and len(passed) != n):
+        extra = "".join(f", {len(x)}" for x in (answers, passed) if x is not None)
         raise ValueError(f"monitor step: prompts, completions, rewards (and answers, passed) need one entry per "
-                         f"completion; got {len(prompts)}, {n}, {len(rewards)}"
-                         f"{'' if answers is None else f', {len(answers)}'}{'' if passed is None else f', {len(passed)}'}")
+                         f"completion; got {len(prompts)}, {n}, {len(rewards)}{extra}")
     problems: list[Problem] = []
     for i in range(n):
         prompt, answer = text_of(prompts[i]), "" if answers is None else str(answers[i])
