@@ -18,7 +18,17 @@ def exact_audit() -> SourceAudit:
 
 def audited_cfg(every: int = 1):
     return build_config({"monitors": {"audit": {"every": every, "samples": 64, "sources": {
-        "exact": {"source": "regex", "pattern": "x"}}}}}).monitors
+        "exact": {"source": "regex", "pattern": "x"}}}}}).monitors  # the channel itself is built in code
+
+
+def test_audits_built_in_code_bring_their_schedule():
+    m = StepMonitor(audits=[exact_audit()], audit_every=3, audit_samples=2)
+    steps = [s for s in range(1, 8) if "monitor/audit/exact/mean" in
+             m.step(s, ["ab="] * 4, ["ba", "ab", "ba", "b"], [1.0] * 4, answers=["ba"] * 4).metrics]
+    assert steps == [1, 3, 6]
+    assert m.monitor.cfg.audit.samples == 2
+    with pytest.raises(ValueError, match=">= 1"):
+        StepMonitor(audits=[exact_audit()], audit_every=0)
 
 
 def test_as_batch_groups_consecutive_prompts_and_reads_chats():

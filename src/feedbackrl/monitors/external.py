@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from feedbackrl.config import MonitorsConfig
+from feedbackrl.config import AuditConfig, MonitorsConfig
 from feedbackrl.monitors.audit import AuditChannel
 from feedbackrl.monitors.monitor import Decision, GoldScore, Monitor
 from feedbackrl.rewards.verdict import Problem, Verdict
@@ -75,11 +75,18 @@ def as_batch(prompts: Sequence[Any], completions: Sequence[Any], rewards: Sequen
 
 class StepMonitor:
     """feedbackrl's monitors behind one call per step (module docstring). Rewards are clipped into [0, 1] for
-    the detectors (the raw value is kept in each verdict's details)."""
+    the detectors (the raw value is kept in each verdict's details). `audits` built in code are sampled every
+    `audit_every` steps, `audit_samples` completions each (a config's `audit.every`, when set, wins)."""
 
     def __init__(self, cfg: MonitorsConfig | None = None, out_dir: str | Path | None = None,
-                 gold: GoldScore | None = None, audits: list[AuditChannel] | None = None) -> None:
+                 gold: GoldScore | None = None, audits: list[AuditChannel] | None = None, audit_every: int = 5,
+                 audit_samples: int = 32) -> None:
         cfg = cfg or MonitorsConfig()
+        if audits and not cfg.audit.every:  # channels given in code: the schedule comes with them
+            if audit_every < 1 or audit_samples < 1:
+                raise ValueError(f"audit_every and audit_samples must be >= 1, got {audit_every}, {audit_samples}")
+            cfg = cfg.model_copy(update={"audit": AuditConfig.model_construct(
+                **{**cfg.audit.model_dump(), "every": audit_every, "samples": audit_samples})})
         refused = {d: a for d, a in cfg.actions.items() if a not in HOST_ACTIONS}
         if refused:
             raise ValueError(f"monitors.actions {refused}: outside feedbackrl's loops a monitor can only log or stop "

@@ -37,9 +37,9 @@ class MonitorCallback(TrainerCallback):
     """The monitors at each TRL log step (module docstring)."""
 
     def __init__(self, cfg: MonitorsConfig | None = None, out_dir: str | Path | None = None,
-                 gold: GoldScore | None = None, audits: list[AuditChannel] | None = None,
-                 answer_column: str = "answer") -> None:
-        self.monitor = StepMonitor(cfg, out_dir, gold, audits)
+                 gold: GoldScore | None = None, audits: list[AuditChannel] | None = None, audit_every: int = 5,
+                 audit_samples: int = 32, answer_column: str = "answer") -> None:
+        self.monitor = StepMonitor(cfg, out_dir, gold, audits, audit_every, audit_samples)
         self.answer_column = answer_column
         self._calls: dict[int, list[Any]] = {}  # id of the prompts list -> [prompts, completions, rewards, answers]
         self._order: list[int] = []
