@@ -282,3 +282,15 @@ def test_prompt_copy_hand_computed():
     f = d.check(rows)
     assert f is not None and f.statistic == 0.5 and f.threshold == 0.25
     assert d.measure(StepRecord(1, ["abc"], [1.0], [True], [""], [{}])) == {}  # no prompts (an old replay)
+
+
+def test_simulated_accept_reject_labeller():
+    from feedbackrl.data.labeller import SimulatedLabeller
+
+    p = Problem("abc=", "cba")
+    hard = SimulatedLabeller(exact_reversal, temperature=0.0)
+    assert [hard.accept(p, t) for t in ("cba", "abc", " cba ")] == ["accept", "reject", "accept"]
+    # temperature 0.5: P(accept | gold 1) = sigmoid(0.5 / 0.5) = 0.731; 4000 draws, 4 sigma = 0.028
+    noisy = SimulatedLabeller(exact_reversal, temperature=0.5, seed=3)
+    rate = sum(noisy.accept(p, "cba") == "accept" for _ in range(4000)) / 4000
+    assert abs(rate - 0.7311) < 0.028
