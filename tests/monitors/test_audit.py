@@ -294,3 +294,18 @@ def test_simulated_accept_reject_labeller():
     noisy = SimulatedLabeller(exact_reversal, temperature=0.5, seed=3)
     rate = sum(noisy.accept(p, "cba") == "accept" for _ in range(4000)) / 4000
     assert abs(rate - 0.7311) < 0.028
+
+
+def test_people_audit_waits_only_on_the_step_that_posted(tmp_path):
+    """No labeller at the page: the posting step waits wait_s once, later steps read without waiting."""
+    audit = people_audit(tmp_path, overlap=1, labellers=0)
+    audit.wait_s = 0.5
+    try:
+        ps = problems(2)[:2]
+        audit.post(1, ps, [p.answer for p in ps], [1.0, 1.0])
+        assert audit.collect() == []  # waited 0.5 s: nobody labelled
+        calls = []
+        audit._labels = lambda: calls.append(1) or {}  # count the reads of a later step
+        assert audit.collect() == [] and calls == [1]  # one read, no polling loop
+    finally:
+        audit.close()

@@ -53,7 +53,7 @@ class StepRecord:
         return cls(step, [r.get("text", "") for r in rows], [float(r.get("reward", 0.0)) for r in rows],
                    [bool(r.get("passed", False)) for r in rows], [r.get("reason", "") for r in rows],
                    [r.get("details") or {} for r in rows], 1, [r.get("gold") for r in rows],
-                   [str(r["prompt"]) for r in rows] if all("prompt" in r for r in rows) else [])
+                   [r["prompt"] for r in rows] if all(isinstance(r.get("prompt"), str) for r in rows) else [])
 
     def __len__(self) -> int:
         return len(self.texts)

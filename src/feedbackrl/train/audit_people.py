@@ -10,8 +10,9 @@ page with their own tokens (`feedbackrl label add-labeller`, then invite them). 
 planted-hacks benchmark do.
 
 A sample's verdicts are read back (`GET /labels`) once every item has `overlap` answers (a skip
-counts as an answer, and an item only skipped drops out of the sample); with `wait_s` a step
-waits that long for them, else they are logged on the step they arrive. Each item's verdict is the
+counts as an answer, and an item only skipped drops out of the sample); with `wait_s` the step that
+posted a sample waits up to that long for its labels (later steps do not wait), else they are
+logged on the step they arrive. Each item's verdict is the
 mean of its accept/reject labels; the audit's own agreement is the share of pairs of labels on
 one item that agree. Items carry only the prompt and the completion: the labellers never see the
 training reward.
@@ -53,6 +54,7 @@ class PeopleAudit(AuditChannel):
     on_close: list[Any] = field(default_factory=list)  # callables run by close()
     name: str = "people"
     _pending: list[_Sample] = field(default_factory=list)
+    _posted: bool = False  # a sample went out since the last collect: only then may collect wait
 
     def post(self, step: int, problems: list[Problem], texts: list[str], rewards: list[float]) -> None:
         for p in problems:
@@ -61,11 +63,13 @@ class PeopleAudit(AuditChannel):
                 for p, t in zip(problems, texts, strict=True)]
         ids = self.api.add_items(rows)
         self._pending.append(_Sample(step, list(ids), list(rewards)))
+        self._posted = True
 
     def collect(self) -> list[AuditBatch]:
         if not self._pending:
             return []
-        deadline = time.monotonic() + self.wait_s
+        deadline = time.monotonic() + (self.wait_s if self._posted else 0.0)  # a step waits for its own sample
+        self._posted = False
         while True:
             done = self._ready(self._labels())
             if done or time.monotonic() >= deadline:
