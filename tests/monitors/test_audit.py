@@ -309,3 +309,15 @@ def test_people_audit_waits_only_on_the_step_that_posted(tmp_path):
         assert audit.collect() == [] and calls == [1]  # one read, no polling loop
     finally:
         audit.close()
+
+
+def test_people_audit_rejects_an_empty_completion_without_posting_it(tmp_path):
+    audit = people_audit(tmp_path, overlap=1, labellers=1, temperature=0.0)
+    try:
+        ps = problems(3)[:3]
+        audit.post(1, ps, [ps[0].answer, "  ", ps[2].meta["word"]], [1.0, 1.0, 1.0])
+        (got,) = audit.collect()
+        assert got.verdicts == [1.0, 0.0, 0.0] and got.proxy == [1.0, 1.0, 1.0]
+        assert audit.api.status()["items"] == 2
+    finally:
+        audit.close()

@@ -15,7 +15,7 @@ posted a sample waits up to that long for its labels (later steps do not wait), 
 logged on the step they arrive. Each item's verdict is the
 mean of its accept/reject labels; the audit's own agreement is the share of pairs of labels on
 one item that agree. Items carry only the prompt and the completion: the labellers never see the
-training reward.
+training reward. An empty completion is not posted (the app refuses one): its verdict is a reject.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ POLL_S = 0.1  # seconds between label reads while a step waits
 @dataclass
 class _Sample:
     step: int
-    items: list[int]  # item ids, in sample order
+    items: list[int | None]  # item ids, in sample order; None: an empty completion, rejected without asking
     proxy: list[float]
 
 
@@ -59,10 +59,11 @@ class PeopleAudit(AuditChannel):
     def post(self, step: int, problems: list[Problem], texts: list[str], rewards: list[float]) -> None:
         for p in problems:
             self.problems.setdefault(p.prompt, p)
-        rows = [{"prompt": p.prompt, "responses": [t], "meta": {"audit_step": step}}
-                for p, t in zip(problems, texts, strict=True)]
-        ids = self.api.add_items(rows)
-        self._pending.append(_Sample(step, list(ids), list(rewards)))
+        asked = [i for i, t in enumerate(texts) if t.strip()]  # the app refuses an empty response
+        rows = [{"prompt": problems[i].prompt, "responses": [texts[i]], "meta": {"audit_step": step}} for i in asked]
+        ids = iter(self.api.add_items(rows) if rows else [])
+        items = [next(ids) if t.strip() else None for t in texts]
+        self._pending.append(_Sample(step, items, list(rewards)))
         self._posted = True
 
     def collect(self) -> list[AuditBatch]:
@@ -89,11 +90,15 @@ class PeopleAudit(AuditChannel):
         """The pending samples whose every item has `overlap` answers, as batches; they leave the queue."""
         out, keep = [], []
         for sample in self._pending:
-            if any(len(by_item.get(i, [])) < self.overlap for i in sample.items):
+            if any(i is not None and len(by_item.get(i, [])) < self.overlap for i in sample.items):
                 keep.append(sample)
                 continue
             proxy, verdicts, agree, pairs = [], [], 0, 0
             for item, reward in zip(sample.items, sample.proxy, strict=True):
+                if item is None:  # an empty completion: rejected, no labels to agree on
+                    proxy.append(reward)
+                    verdicts.append(0.0)
+                    continue
                 votes = [c == "accept" for c in by_item[item] if c in ("accept", "reject")]
                 if not votes:
                     continue  # only skipped
