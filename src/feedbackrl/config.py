@@ -399,6 +399,54 @@ class TrainConfig(Section):
 MonitorAction = Literal["log", "stop", "rollback", "raise_kl"]
 
 
+class PeopleAuditConfig(Section):
+    """People as an audit: the sample goes to an accept/reject project in the labelling app while training runs."""
+
+    enabled: bool = Field(False, description="post each audit sample to the labelling app")
+    db: str = Field("", description='the labelling app\'s database; "" = OUT/audit_labels.db, served on loopback')
+    project: str = Field("audit", min_length=1, max_length=100, description="the accept/reject project's name")
+    overlap: int = Field(1, ge=1, le=8, description="labels per item; >= 2 measures the labellers' agreement")
+    simulated: int = Field(0, ge=0, le=8, description=(
+        "simulated labellers (the task's hidden gold check, Bradley-Terry noise; data/labeller.py) that label "
+        "through the app's API; 0 = people at the page"))
+    temperature: float = Field(0.1, ge=0, allow_inf_nan=False, description="the simulated labellers' noise")
+    wait_s: float = Field(0, ge=0, le=3600, allow_inf_nan=False, description=(
+        "seconds a step waits for its sample's labels; 0 = never wait, log the verdicts on the step they arrive"))
+
+
+class AuditConfig(Section):
+    """Audit channels that stand in for a gold check: a second verifier, a judge, people (monitors/audit.py)."""
+
+    every: int = Field(0, ge=0, description="audit a sample every N steps (and at step 1); 0 = no audit")
+    samples: int = Field(32, ge=1, le=4096, description="completions per audit, spread over the groups")
+    sources: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        'audit name -> a reward source as in [reward] (a stricter verifier, a judge): {strict = {source = "..."}}'))
+    people: PeopleAuditConfig = Field(default_factory=PeopleAuditConfig)
+
+    @model_validator(mode="after")
+    def _check_channels(self) -> AuditConfig:
+        channels = [*self.sources, *(["people"] if self.people.enabled else [])]
+        if self.every and not channels:
+            raise ValueError(f"monitors.audit.every = {self.every} but no audit channel is configured: add "
+                             "monitors.audit.sources.NAME = {source = ...} or monitors.audit.people.enabled = true")
+        if channels and not self.every:
+            raise ValueError(f"monitors.audit: channel(s) {channels} configured but monitors.audit.every = 0, so they "
+                             "would never run: set every = N")
+        if "people" in self.sources and self.people.enabled:
+            raise ValueError("monitors.audit.sources.people: the name 'people' is the labelling-app channel's")
+        for name, node in self.sources.items():
+            if not isinstance(node, dict) or not node.get("source") and not node.get("model"):
+                raise ValueError(f"monitors.audit.sources.{name}: give a reward source as in [reward], e.g. "
+                                 f"{{source = 'judge', ...}} or {{model = DIR}}; got {node!r}")
+            from feedbackrl.rewards.registry import check_reward  # here: rewards builds on this module
+
+            check_reward(RewardConfig.model_construct(**node), f"monitors.audit.sources.{name}")
+        if self.people.simulated and self.people.simulated < self.people.overlap:
+            raise ValueError(f"monitors.audit.people.overlap = {self.people.overlap} labels per item needs at least "
+                             f"that many labellers; simulated = {self.people.simulated}")
+        return self
+
+
 class MonitorsConfig(Section):
     """The reward-hacking and health monitors (`feedbackrl.monitors`) run after every on-policy step."""
 
@@ -412,6 +460,7 @@ class MonitorsConfig(Section):
     samples_per_step: int = Field(8, ge=0, le=1024, description="completions per step written to samples.jsonl")
     gold_every: int = Field(0, ge=0, description="score a sample with the gold check every N steps; 0 = never")
     gold_samples: int = Field(32, ge=1, description="completions per gold check (spread over the groups)")
+    audit: AuditConfig = Field(default_factory=AuditConfig)
     kl_raise: float = Field(2.0, gt=1, description="raise_kl multiplies algo.kl_coef by this")
     kl_floor: float = Field(0.05, gt=0, description="raise_kl sets algo.kl_coef at least this (from 0)")
     max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run; past it a rollback stops the run")
@@ -483,6 +532,15 @@ class RunConfig(Section):
             data = {**data, "algo": {"name": "grpo", **data["algo"]}}
         return data
 
+    def _check_audits(self) -> None:
+        """An audit that is the training reward itself passes every hack the reward pays for: refused."""
+        train = self.reward.model_dump(exclude_defaults=True)
+        train = train or {"source": "task"}
+        for name, node in self.monitors.audit.sources.items():
+            if {k: v for k, v in node.items() if k != "weight"} == train:
+                raise ValueError(f"monitors.audit.sources.{name} is the training reward itself ({train}); an audit "
+                                 "must be another check (a stricter verifier, a judge, people)")
+
     @property
     def minibatch_rows(self) -> int:
         """Rows in one minibatch of an online algorithm: rollout.prompts_per_step * rollout.group_size /
@@ -518,6 +576,7 @@ class RunConfig(Section):
             raise ValueError(f"monitors.actions: {rollbacks[0]} = 'rollback' restores the optimizer state of the last "
                              "checkpoint, which train.save_optimizer = false leaves out: set train.save_optimizer = "
                              "true, or another action")
+        self._check_audits()
         if self.scale.learner == "fsdp":
             self._check_sharded_learner()
         if a.name == "grpo" and a.scale_advantages and self.rollout.group_size < 2:

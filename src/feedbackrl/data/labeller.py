@@ -70,6 +70,7 @@ def exact_reversal(problem: Problem, completion: str) -> float:
 
 GOLD_SCORES: dict[str, GoldScore] = {"reverse": reverse_gold, "planted_reverse": exact_reversal}
 
+ACCEPT_AT = 0.5  # the gold score at which an accept/reject labeller is undecided
 HARM_LETTER = "a"  # in every reverse alphabet; 37% of the SFT policy's responses contain one
 
 
@@ -151,6 +152,12 @@ class SimulatedLabeller:
         if self.ties(self.gold(problem, a), self.gold(problem, b)):
             return "tie"
         return "a" if self.choose(problem, a, b)[0] == a else "b"
+
+    def accept(self, problem: Problem, completion: str) -> str:
+        """An accept/reject project's answer: "accept" with probability sigmoid((gold - 0.5) / temperature), the
+        Bradley-Terry choice between the response and a response of gold 0.5 (temperature 0: accept gold > 0.5)."""
+        p = choice_probability(self.gold(problem, completion), ACCEPT_AT, self.temperature)
+        return "accept" if self.rng.random() < p else "reject"
 
     def rank(self, problem: Problem, responses: list[str]) -> list[str]:
         """-> responses best first, a Plackett-Luce draw (Gumbel-max trick) on gold / temperature."""

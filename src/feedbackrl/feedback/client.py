@@ -62,7 +62,8 @@ class AdminApi:
 
 
 class HttpLabeller(threading.Thread):
-    """The simulated labeller as an HTTP client: fetch the next item, choose, submit; until stopped.
+    """The simulated labeller as an HTTP client: fetch the next item, choose (a pair: "a", "b" or "tie"; one
+    response: "accept" or "reject"), submit; until stopped.
 
     `problems` maps a prompt to its problem (the labeller knows the gold answer; the loop adds an
     entry before posting an item)."""
@@ -84,8 +85,12 @@ class HttpLabeller(threading.Thread):
                     if item is None:
                         self.stop.wait(IDLE_S)
                         continue
-                    a, b = item["responses"]
-                    choice = self.labeller.judge(self.problems[item["prompt"]], a, b)
+                    problem = self.problems[item["prompt"]]
+                    if len(item["responses"]) == 1:  # an accept/reject item
+                        choice = self.labeller.accept(problem, item["responses"][0])
+                    else:
+                        a, b = item["responses"]
+                        choice = self.labeller.judge(problem, a, b)
                     body = {"submission_id": uuid.uuid4().hex, "item_id": item["id"], "choice": choice}
                     c.post(f"/api/projects/{self.project}/labels", json=body).raise_for_status()
                     self.submitted += 1

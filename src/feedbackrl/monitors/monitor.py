@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from feedbackrl.config import MonitorsConfig
+from feedbackrl.monitors.audit import AuditChannel, merge
 from feedbackrl.monitors.base import Alert, Detector
 from feedbackrl.monitors.record import RolloutBatch, StepRecord, sample_rows, spread
 from feedbackrl.monitors.registry import build_detectors
@@ -60,11 +61,18 @@ class Decision:
 
 
 class Monitor:
-    """Runs the configured detectors over each step; `gold` is an optional hidden check (gold_every)."""
+    """Runs the configured detectors over each step; `gold` is an optional hidden check (gold_every),
+    `audits` the channels a sample goes to every `audit.every` steps (`monitors.audit`)."""
 
     def __init__(self, cfg: MonitorsConfig, out_dir: str | Path | None = None, gold: GoldScore | None = None,
-                 detectors: list[Detector] | None = None) -> None:
+                 detectors: list[Detector] | None = None, audits: list[AuditChannel] | None = None) -> None:
         self.cfg = cfg
+        self.audits = list(audits or [])
+        if self.audits and not cfg.audit.every:
+            raise ValueError("monitor: audit channels given but monitors.audit.every = 0 (they would never run)")
+        names = [a.name for a in self.audits]
+        if len(set(names)) != len(names):
+            raise ValueError(f"monitor: audit channel names must be distinct, got {names}")
         self.detectors = detectors if detectors is not None else build_detectors(cfg.detectors, cfg.options)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.gold = gold
@@ -86,6 +94,7 @@ class Monitor:
         """Measure the step's completions, check every detector, write samples and alerts."""
         record = StepRecord.from_batch(step, batch)
         stats = self._gold_sample(step, record, batch.problems)
+        stats.update(self._audit(step, record, batch.problems))
         for d in self.detectors:
             stats.update(d.measure(record))
         alerts = self.observe(step, record, {**metrics, **stats})
@@ -132,6 +141,28 @@ class Monitor:
             record.gold[i] = float(self.gold(problems[i], record.texts[i]))
         return {"monitor/gold_mean": sum(record.gold[i] for i in rows) / len(rows),  # type: ignore[misc]
                 "monitor/proxy_mean": sum(record.rewards[i] for i in rows) / len(rows)}
+
+    def _audit(self, step: int, record: StepRecord, problems: list[Problem]) -> dict[str, float]:
+        """Every `audit.every` steps (and at step 1): post a spread sample to each channel; every step: log
+        the verdicts that have come back."""
+        if not self.audits:
+            return {}
+        every = self.cfg.audit.every
+        if step % every == 0 or step == 1:
+            rows = spread(len(record), self.cfg.audit.samples, record.group_size)
+            for channel in self.audits:
+                channel.post(step, [problems[i] for i in rows], [record.texts[i] for i in rows],
+                             [record.rewards[i] for i in rows])
+        out: dict[str, float] = {}
+        for channel in self.audits:
+            if (batch := merge(channel.collect())) is not None:
+                out.update(batch.metrics(channel.name))
+        return out
+
+    def close(self) -> None:
+        """End what the audit channels started (a labelling app, labeller threads)."""
+        for channel in self.audits:
+            channel.close()
 
     def _write(self, record: StepRecord, alerts: list[Alert]) -> None:
         if self.out_dir is None:

@@ -38,19 +38,22 @@ class StepRecord:
     details: list[dict[str, Any]]  # (N,) each verdict's evidence
     group_size: int = 1
     gold: list[float | None] = field(default_factory=list)  # (N,) or empty: gold scores where computed
+    prompts: list[str] = field(default_factory=list)  # (N,) or empty (a replay of logs without them)
 
     @classmethod
     def from_batch(cls, step: int, batch: RolloutBatch) -> StepRecord:
         v = batch.verdicts
         return cls(step, list(batch.texts), [float(x.score) for x in v], [bool(x.passed) for x in v],
-                   [x.reason for x in v], [x.details for x in v], group_size(batch.problems))
+                   [x.reason for x in v], [x.details for x in v], group_size(batch.problems),
+                   prompts=[p.prompt for p in batch.problems])
 
     @classmethod
     def from_samples(cls, step: int, rows: Sequence[dict[str, Any]]) -> StepRecord:
         """Rows of `samples.jsonl` for one step (keys as written by `sample_rows`)."""
         return cls(step, [r.get("text", "") for r in rows], [float(r.get("reward", 0.0)) for r in rows],
                    [bool(r.get("passed", False)) for r in rows], [r.get("reason", "") for r in rows],
-                   [r.get("details") or {} for r in rows], 1, [r.get("gold") for r in rows])
+                   [r.get("details") or {} for r in rows], 1, [r.get("gold") for r in rows],
+                   [r["prompt"] for r in rows] if all(isinstance(r.get("prompt"), str) for r in rows) else [])
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -82,7 +85,8 @@ def sample_rows(record: StepRecord, k: int) -> list[dict[str, Any]]:
     """k of the step's completions with their verdicts: the rows `samples.jsonl` holds."""
     rows = []
     for i in spread(len(record), k, record.group_size):
-        row = {"step": record.step, "row": i, "text": record.texts[i], "reward": record.rewards[i],
+        row = {"step": record.step, "row": i, "prompt": record.prompts[i] if record.prompts else None,
+               "text": record.texts[i], "reward": record.rewards[i],
                "passed": record.passed[i], "reason": record.reasons[i], "details": _short(record.details[i])}
         if record.gold and record.gold[i] is not None:
             row["gold"] = record.gold[i]

@@ -13,6 +13,7 @@ from feedbackrl.monitors.hacking import (
     FormatOnly,
     JudgeAddress,
     LengthGaming,
+    PromptCopy,
     ProxyGoldDivergence,
     SandboxCheat,
 )
@@ -22,6 +23,7 @@ DETECTORS: dict[str, Callable[..., Detector]] = {
     "length_gaming": LengthGaming,
     "format_only": FormatOnly,
     "proxy_gold": ProxyGoldDivergence,
+    "prompt_copy": PromptCopy,
     "ensemble_disagreement": EnsembleDisagreement,
     "sandbox_cheat": SandboxCheat,
     "judge_address": JudgeAddress,

@@ -12,11 +12,13 @@ from typing import Any
 
 import torch
 
-from feedbackrl.config import RunConfig
+from feedbackrl.config import RewardConfig, RunConfig
 from feedbackrl.data.labeller import gold_score_for
 from feedbackrl.envs.base import Task
 from feedbackrl.models.load import load_policy
+from feedbackrl.monitors.audit import AuditChannel, SourceAudit
 from feedbackrl.monitors.monitor import Decision, Monitor
+from feedbackrl.rewards.registry import build_reward
 from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
 from feedbackrl.train.context import OneProcess, Ranks
 
@@ -31,7 +33,23 @@ def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None, task: T
         return monitor
     if not cfg.monitors.enabled:
         return None
-    return Monitor(cfg.monitors, out_dir, gold_score_for(task) if cfg.monitors.gold_every else None)
+    return Monitor(cfg.monitors, out_dir, gold_score_for(task) if cfg.monitors.gold_every else None,
+                   audits=build_audits(cfg, out_dir, task))
+
+
+def build_audits(cfg: RunConfig, out_dir: Path, task: Task) -> list[AuditChannel]:
+    """The audit channels of `[monitors.audit]`: each reward source (a stricter verifier, a judge), then people
+    in the labelling app. The monitor's `close()` ends the app and its labellers (a daemon thread otherwise)."""
+    audit = cfg.monitors.audit
+    channels: list[AuditChannel] = [
+        SourceAudit(name, build_reward(RewardConfig(**node), task.verify_batch, f"monitors.audit.sources.{name}"))
+        for name, node in audit.sources.items()]
+    if audit.people.enabled:
+        from feedbackrl.train.audit_people import start_people_audit
+
+        gold = gold_score_for(task) if audit.people.simulated else None
+        channels.append(start_people_audit(audit.people, out_dir, gold, cfg.train.seed))
+    return channels
 
 
 def after_step(cfg: RunConfig, done: int, batch: Any, metrics: dict[str, Any], monitor: Monitor | None,
@@ -43,6 +61,8 @@ def after_step(cfg: RunConfig, done: int, batch: Any, metrics: dict[str, Any], m
     decision = monitor.after_step(done, batch, metrics) if monitor is not None else None
     if decision is not None:
         metrics.update({**decision.metrics, "algo/kl_coef": kl_coef})
+        if decision.stop or done >= cfg.algo.steps:  # the run ends here: stop the audit channels' app and labellers
+            monitor.close()  # type: ignore[union-attr]
     return decision
 
 
