@@ -129,7 +129,8 @@ def test_resume_is_refused_for_preference_algorithms(tmp_path: Path):
     result = runner.invoke(app, ["train", str(RECIPES / "dpo.toml"), "--out", str(tmp_path / "o"), "--resume",
                                  str(tmp_path), "--set", "train.threads=1"])
     assert result.exit_code == 2
-    assert "--resume: algo.name = 'dpo' cannot continue from a checkpoint (these can: grpo, rloo, ppo, control_ppo)" in result.output
+    assert ("--resume: algo.name = 'dpo' cannot continue from a checkpoint (these can: grpo, rloo, ppo, "
+            "control_ppo)") in result.output
 
 
 @pytest.mark.parametrize("content, message", [
