@@ -49,19 +49,28 @@ def train(tiny_model_dir: Path, out: Path, cfg) -> dict[int, dict]:
     return sink.by_step
 
 
-def test_lambda_rises_over_the_threshold_as_the_pure_update_says(tiny_model_dir: Path, tmp_path: Path):
-    # the multiplier aims at threshold - margin = 0
-    rows = train(tiny_model_dir, tmp_path, config({"threshold": 0.25, "margin": 0.25, "lr": 0.5, "init": 0.5,
-                                                   "window": 1000}))
-    # the costs are 0/1, so each step's count of costly completions is exact; replay the pure update on them
-    state = LagrangeState.initial(0.5)
-    for step in (1, 2, 3):
+def replay_lagrange(rows: dict[int, dict], steps=(1, 2, 3)) -> list[dict[str, float]]:
+    """Replay the pure log-lambda update (init 0.5, lr 0.5, window 1000, no delay, cap 5, target 0) on each step's
+    logged costs and check the logged lambda and violation against it; the stats of each step, in order.
+
+    The costs are 0/1, so each step's count of costly completions is exact."""
+    state, out = LagrangeState.initial(0.5), []
+    for step in steps:
         costly = round(rows[step]["cost/mean"] * N)
         assert rows[step]["cost/mean"] == costly / N
         state, stats = lagrange_update(state, [1.0] * costly + [0.0] * (N - costly), 0.0, 0.5, 1000, 0, 5.0)
         assert rows[step]["constraint/lambda"] == stats["constraint/lambda"] == state.lam
-        assert rows[step]["constraint/cost_window_mean"] == stats["constraint/cost_window_mean"]
         assert rows[step]["constraint/violation"] == stats["constraint/violation"]
+        out.append(stats)
+    return out
+
+
+def test_lambda_rises_over_the_threshold_as_the_pure_update_says(tiny_model_dir: Path, tmp_path: Path):
+    # the multiplier aims at threshold - margin = 0
+    rows = train(tiny_model_dir, tmp_path, config({"threshold": 0.25, "margin": 0.25, "lr": 0.5, "init": 0.5,
+                                                   "window": 1000}))
+    for step, stats in zip((1, 2, 3), replay_lagrange(rows), strict=True):
+        assert rows[step]["constraint/cost_window_mean"] == stats["constraint/cost_window_mean"]
         assert rows[step]["constraint/threshold"] == 0.25
     assert all(rows[s]["cost/mean"] > 0 for s in (1, 2, 3)), rows  # over the threshold 0: lambda must rise
     lams = [0.5] + [rows[s]["constraint/lambda"] for s in (1, 2, 3)]

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_constraint import DigitAddition, N  # same directory
+from test_constraint import DigitAddition, replay_lagrange  # same directory
 
-from feedbackrl.algos.constrained import LagrangeState, lagrange_update
 from feedbackrl.config import build_config
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
@@ -47,13 +46,7 @@ def test_ppo_lagrangian_lambda_rises_over_the_threshold_as_the_pure_update_says(
                                                                                 tmp_path: Path):
     rows, _ = train(tiny_model_dir, tmp_path, config({"threshold": 0.25, "margin": 0.25, "lr": 0.5, "init": 0.5,
                                                       "window": 1000}))
-    state = LagrangeState.initial(0.5)
-    for step in (1, 2, 3):
-        costly = round(rows[step]["cost/mean"] * N)
-        assert rows[step]["cost/mean"] == costly / N
-        state, stats = lagrange_update(state, [1.0] * costly + [0.0] * (N - costly), 0.0, 0.5, 1000, 0, 5.0)
-        assert rows[step]["constraint/lambda"] == stats["constraint/lambda"] == state.lam
-        assert rows[step]["constraint/violation"] == stats["constraint/violation"]
+    replay_lagrange(rows)
     assert all(rows[s]["cost/mean"] > 0 for s in (1, 2, 3)), rows  # over the target 0: lambda must rise
     lams = [0.5] + [rows[s]["constraint/lambda"] for s in (1, 2, 3)]
     assert lams == sorted(lams) and lams[-1] > 0.5
