@@ -26,12 +26,12 @@ from feedbackrl.config import RolloutConfig  # noqa: E402
 from feedbackrl.envs.base import Task  # noqa: E402
 from feedbackrl.envs.external import ExternalEpisode, ExternalTask  # noqa: E402
 from feedbackrl.envs.multi_turn import EpisodeRecord  # noqa: E402
+from feedbackrl.episodes.external import policy_endpoint  # noqa: E402
+from feedbackrl.episodes.kinds import collect  # noqa: E402
 from feedbackrl.models.chat import MINIMAL_CHAT_TEMPLATE  # noqa: E402
 from feedbackrl.models.logprobs import sequence_logprobs  # noqa: E402
 from feedbackrl.models.tiny import build_model  # noqa: E402
 from feedbackrl.rewards.verdict import Problem, Verdict  # noqa: E402
-from feedbackrl.train.collect import collect  # noqa: E402
-from feedbackrl.train.external import policy_endpoint  # noqa: E402
 
 FEEDBACK = "=ok\n"  # the environment's message between the two turns
 

@@ -10,6 +10,10 @@ checks):
 - `observe`: a training batch's verdicts; adaptive tasks move their difficulty, others ignore it.
 - `difficulty`: the current difficulty level, or None for tasks without one.
 - `state_dict` / `load_state_dict`: internal state a checkpoint must carry (None = none).
+- `kind`: how its problems are rolled out: "single_turn" (one completion per prompt, the default),
+  "episodic" (`envs/multi_turn.py:EpisodicTask`) or "external" (`envs/external.py:ExternalTask`). The
+  loops look the kind up in `feedbackrl.episodes.kinds.TASK_KINDS`, which brings its own collect step
+  and evaluation; nothing asks which class a task is.
 
 Procedural tasks can also write (possibly noisy) demonstrations for SFT warm starts
 (`Demonstrates`).
@@ -27,6 +31,7 @@ from feedbackrl.rewards.verdict import Problem, Verdict
 @runtime_checkable
 class Task(Protocol):
     name: str
+    kind: str = "single_turn"  # the task kind its rollouts and evaluation come from (see the module docstring)
 
     def sample(self, rng: random.Random) -> Problem:
         """One training problem drawn with `rng` (never one of the held-out problems)."""
