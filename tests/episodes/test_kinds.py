@@ -123,3 +123,23 @@ def test_the_collect_step_refuses_quantized_sampling_of_episodes() -> None:
     with pytest.raises(ConfigError, match="rollout.weights = 'int8' with task.name = 'guess_number'"):
         collect(build_model(tok, "tiny", seed=0), tok, task, task_scorer(task),
                 RolloutConfig(weights="int8"), random.Random(0), torch.Generator().manual_seed(0))
+
+
+def test_an_external_task_demonstrates_single_turn_answers() -> None:
+    """SFT on an external task (verifiers' single-turn environments demonstrate their `answer`): the prompt,
+    then the answer's tokens with EOS, every completion token trained on."""
+    from feedbackrl.envs.external import ExternalTask
+    from feedbackrl.rewards.verdict import Problem
+
+    class Answers(ExternalTask):
+        name = "answers"
+
+    tok = build_tokenizer()
+    problems = [Problem("ab=", "ba", {}), Problem("abc=", "cba", {})]
+    p_ids, p_mask, c_ids, c_mask = task_kind(Answers()).demonstrations(tok, Answers(), problems, ["ba", "cba"])
+    eos = tok.eos_token_id
+    assert c_ids.tolist() == [tok("ba", add_special_tokens=False)["input_ids"] + [eos, tok.pad_token_id],
+                              tok("cba", add_special_tokens=False)["input_ids"] + [eos]]
+    assert c_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert p_mask.sum(1).tolist() == [len(tok("ab=", add_special_tokens=False)["input_ids"]),
+                                      len(tok("abc=", add_special_tokens=False)["input_ids"])]

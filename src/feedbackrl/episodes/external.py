@@ -31,13 +31,13 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.config import ConfigError, ModelConfig, RolloutConfig
+from feedbackrl.config import ModelConfig, RolloutConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.external import ExternalEpisode, ExternalTask
 from feedbackrl.envs.multi_turn import END_TRUNCATED, episode_stats
 from feedbackrl.episodes.contracts import Batch, EvalResult, EvalSettings, Scorer, Support
 from feedbackrl.episodes.rows import left_pad, right_pad, transcript_text
-from feedbackrl.episodes.single_turn import sample_owners
+from feedbackrl.episodes.single_turn import SingleTurn, sample_owners
 from feedbackrl.models.chat import MINIMAL_CHAT_TEMPLATE, has_chat_template
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.rewards.verdict import Problem
@@ -177,5 +177,6 @@ class External:
 
     def demonstrations(self, tokenizer: PreTrainedTokenizerBase, task: Task, problems: list[Problem],
                        demos: list[Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        raise ConfigError(f"task {task.name!r} plays its episodes in another program: SFT on its demonstrations "
-                         "is not supported; set sft.steps = 0")
+        """A demonstration is the answer to the problem's prompt (`VerifiersTask.demonstrate`: single-turn
+        tasks only): encoded as a single-turn one, EOS appended."""
+        return SingleTurn().demonstrations(tokenizer, task, problems, demos)
