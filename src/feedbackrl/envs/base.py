@@ -10,13 +10,12 @@ checks):
 - `observe`: a training batch's verdicts; adaptive tasks move their difficulty, others ignore it.
 - `difficulty`: the current difficulty level, or None for tasks without one.
 - `state_dict` / `load_state_dict`: internal state a checkpoint must carry (None = none).
+- `demonstrate`: a (possibly noisy) demonstration for SFT warm starts; the default writes none
+  (`CannotDemonstrate`, which SFT reports as the fix: set sft.steps = 0).
 - `kind`: how its problems are rolled out: "single_turn" (one completion per prompt, the default),
   "episodic" (`envs/multi_turn.py:EpisodicTask`) or "external" (`envs/external.py:ExternalTask`). The
   loops look the kind up in `feedbackrl.episodes.kinds.TASK_KINDS`, which brings its own collect step
   and evaluation; nothing asks which class a task is.
-
-Procedural tasks can also write (possibly noisy) demonstrations for SFT warm starts
-(`Demonstrates`).
 """
 
 from __future__ import annotations
@@ -26,6 +25,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from feedbackrl.rewards.verdict import Problem, Verdict
+
+
+class CannotDemonstrate(TypeError):
+    """The task writes no demonstrations, which an SFT warm start needs."""
 
 
 @runtime_checkable
@@ -67,9 +70,7 @@ class Task(Protocol):
             raise ValueError(f"task {self.name!r} has no state to restore, got {sorted(state)}")
 
 
-@runtime_checkable
-class Demonstrates(Protocol):
-    """Tasks that can write a demonstration (used for SFT warm starts): a completion string, or for
-    episodic tasks the conversation after the prompt (`envs/multi_turn.py:demo_conversation`)."""
-
-    def demonstrate(self, problem: Problem, rng: random.Random) -> str | list[dict[str, Any]]: ...
+    def demonstrate(self, problem: Problem, rng: random.Random) -> str | list[dict[str, Any]]:
+        """A demonstration for SFT warm starts: a completion string, or for episodic tasks the conversation
+        after the prompt (`envs/multi_turn.py:demo_conversation`). The default writes none."""
+        raise CannotDemonstrate(f"task {self.name!r} cannot write demonstrations; set sft.steps = 0")

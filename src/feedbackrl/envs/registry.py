@@ -66,8 +66,8 @@ def allowed_options(factory: Callable[..., Any]) -> set[str] | None:
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "name"}
 
 
-TASK_MEMBERS = ("name", "kind", "sample", "heldout", "verify", "verify_batch", "observe", "difficulty", "state_dict",
-                "load_state_dict")
+TASK_MEMBERS = ("name", "sample", "heldout", "verify", "verify_batch", "observe", "difficulty", "state_dict",
+                "load_state_dict", "kind", "demonstrate")
 
 
 def installed_tasks() -> dict[str, str]:

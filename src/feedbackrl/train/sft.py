@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.sft import sft_loss
 from feedbackrl.config import SFTConfig
-from feedbackrl.envs.base import Demonstrates, Task
+from feedbackrl.envs.base import CannotDemonstrate, Task
 from feedbackrl.episodes.kinds import task_kind
 from feedbackrl.log import MetricsSink, progress
 from feedbackrl.models.logprobs import sequence_logprobs
@@ -36,9 +36,6 @@ def warmup_lambda(warmup_steps: int):
 def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, cfg: SFTConfig,
                   seed: int, sink: MetricsSink) -> dict[str, float]:
     """Train on `cfg.steps` batches of the task's (possibly noisy) demonstrations."""
-    if not isinstance(task, Demonstrates):
-        raise SFTUnavailable(f"sft.steps={cfg.steps} but task {task.name!r} cannot write demonstrations; "
-                             "set sft.steps = 0")
     kind = task_kind(task)
     rng = random.Random(seed + 7_919)  # its own stream: SFT never shifts the RL data order
     opt = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -49,7 +46,10 @@ def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ta
         job = bar.add_task("SFT warm start", total=cfg.steps, info="")
         for step in range(cfg.steps):
             problems = [task.sample(rng) for _ in range(cfg.batch_size)]
-            demos = [task.demonstrate(p, rng) for p in problems]
+            try:
+                demos = [task.demonstrate(p, rng) for p in problems]
+            except CannotDemonstrate as e:  # the task's default: it writes none
+                raise SFTUnavailable(f"sft.steps={cfg.steps} but {e}") from None
             p_ids, p_mask, c_ids, c_mask = kind.demonstrations(tokenizer, task, problems, demos)
             p_ids, p_mask, c_ids, c_mask = (t.to(model.device) for t in (p_ids, p_mask, c_ids, c_mask))
             logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
