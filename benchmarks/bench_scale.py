@@ -38,10 +38,10 @@ from common import load_average, provenance
 
 from feedbackrl.config import RunConfig, load_config
 from feedbackrl.envs.registry import make_task
+from feedbackrl.episodes.kinds import evaluate
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.tiny import make_tiny
-from feedbackrl.train.evaluate import evaluate
 from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.sft import sft_warmstart
 

@@ -20,8 +20,8 @@ import time
 import torch
 
 from feedbackrl.envs.verifiers_env import VerifiersTask
+from feedbackrl.episodes.external import policy_endpoint
 from feedbackrl.models.tiny import build_model, build_tokenizer
-from feedbackrl.train.external import policy_endpoint
 
 
 def main() -> None:

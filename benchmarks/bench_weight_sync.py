@@ -34,9 +34,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from feedbackrl.config import RolloutConfig, ScaleConfig
 from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.episodes.single_turn import task_scorer
 from feedbackrl.models.tiny import build_model, build_tokenizer
 from feedbackrl.scale.ray_collect import RayCollector
-from feedbackrl.train.collect import task_scorer
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("object_store", "collective")

@@ -10,7 +10,7 @@ train with the demo's GRPO settings: 16 prompts x 8 samples per step, up to 8 ne
 temperature 1, lr 5e-4 constant, AdamW, clip 0.2, grad-norm clip 1.0, token-mean (DAPO) loss,
 group-std-scaled advantages, no KL, one update per batch, fp32. The reward is the task's verifier
 on both sides. Every `--eval-every` steps both are evaluated by the same function
-(`feedbackrl.train.evaluate.evaluate`, greedy, 400 held-out words). Prompts: ours are drawn by the
+(`feedbackrl.episodes.kinds.evaluate`, greedy, 400 held-out words). Prompts: ours are drawn by the
 run's seeded RNG, TRL's from a shuffled dataset of prompts drawn the same way: same distribution,
 not the same order.
 
@@ -44,7 +44,7 @@ THRESHOLDS = (0.5, 0.6, 0.7, 0.75)
 
 
 def heldout_accuracy(model: Any, tokenizer: Any, task: Any, cfg: Any) -> float:
-    from feedbackrl.train.evaluate import evaluate
+    from feedbackrl.episodes.kinds import evaluate
 
     problems = task.heldout(cfg.task.heldout_size)
     return evaluate(model, tokenizer, task, problems, cfg.rollout.max_new_tokens, k=1).accuracy

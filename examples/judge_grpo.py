@@ -27,6 +27,7 @@ import torch
 
 from feedbackrl.config import build_config
 from feedbackrl.envs.procedural.reverse import ReverseTask
+from feedbackrl.episodes.kinds import evaluate
 from feedbackrl.feedback.judge_server import RuleJudge, chat_app
 from feedbackrl.feedback.server import LiveServer
 from feedbackrl.log import JsonlSink
@@ -35,7 +36,6 @@ from feedbackrl.models.tiny import make_tiny
 from feedbackrl.rewards.judge import Criterion, Hybrid, PointwiseJudge, Rubric
 from feedbackrl.rewards.judge_backends import CachedChat, OpenAIChat
 from feedbackrl.rewards.verdict import Problem, Verdict
-from feedbackrl.train.evaluate import evaluate
 from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.sft import sft_warmstart
 

@@ -20,10 +20,10 @@ from feedbackrl.config import RunConfig, load_config
 from feedbackrl.envs.base import Task
 from feedbackrl.envs.chat import chat_task
 from feedbackrl.envs.registry import make_task
+from feedbackrl.episodes.kinds import evaluate
 from feedbackrl.log import JsonlSink, console
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.policy import setup_policy
-from feedbackrl.train.evaluate import evaluate
 from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.report import print_report, write_plot
 from feedbackrl.train.run import start_run

@@ -13,9 +13,9 @@ def first_sft_loss(task, tokenizer, monkeypatch) -> tuple[float, float, int]:
     from feedbackrl.algos.sft import sft_loss
     from feedbackrl.config import SFTConfig
     from feedbackrl.log import MemorySink
-    from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
+    from feedbackrl.models.logprobs import encode_completions, encode_prompts, sequence_logprobs
     from feedbackrl.models.tiny import build_model
-    from feedbackrl.train.sft import encode_completions, sft_warmstart
+    from feedbackrl.train.sft import sft_warmstart
 
     written = []
     real = task.demonstrate

@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from feedbackrl.cli import app
-from feedbackrl.train.episodes import read_transcripts
+from feedbackrl.episodes.multi_turn import read_transcripts
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

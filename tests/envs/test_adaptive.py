@@ -167,7 +167,7 @@ def test_levels_must_be_consecutive_and_cover_eval_level() -> None:
 
 
 def test_demonstrate_needs_an_inner_task_that_demonstrates() -> None:
-    class Plain:
+    class Plain(Task):
         name = "plain"
 
         def sample(self, rng: random.Random) -> Problem:

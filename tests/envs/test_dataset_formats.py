@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from feedbackrl.config import ConfigError, TaskConfig
-from feedbackrl.envs.base import Demonstrates
 from feedbackrl.envs.dataset import DatasetError, DatasetTask, read_rows
 from feedbackrl.envs.registry import make_task
 
@@ -166,7 +165,6 @@ def test_code_verifier_runs_the_tests(tmp_path: Path, fmt: str) -> None:
 def test_demonstrations(tmp_path: Path) -> None:
     path = write(tmp_path, "jsonl", ROWS)
     task = DatasetTask(path, "question", "solution")
-    assert isinstance(task, Demonstrates)
     p = task.sample(random.Random(0))
     assert task.demonstrate(p, random.Random(0)) == p.answer
     rows = [{"prompt": "double", "tests": DOUBLE_TESTS}]

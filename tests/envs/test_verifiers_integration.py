@@ -29,12 +29,12 @@ from typer.testing import CliRunner  # noqa: E402
 
 from feedbackrl.cli import app  # noqa: E402
 from feedbackrl.envs.verifiers_env import VerifiersError, VerifiersTask  # noqa: E402
+from feedbackrl.episodes import external  # noqa: E402
+from feedbackrl.episodes.external import policy_endpoint  # noqa: E402
+from feedbackrl.episodes.multi_turn import read_transcripts  # noqa: E402
 from feedbackrl.models.logprobs import sequence_logprobs  # noqa: E402
 from feedbackrl.models.tiny import build_model  # noqa: E402
 from feedbackrl.serve import openai_api  # noqa: E402
-from feedbackrl.train import external  # noqa: E402
-from feedbackrl.train.episodes import read_transcripts  # noqa: E402
-from feedbackrl.train.external import policy_endpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVS = ROOT / "examples" / "verifiers_envs"

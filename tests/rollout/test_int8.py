@@ -118,7 +118,8 @@ def test_int8_collect_carries_the_samplers_logprobs(tiny_model_dir, tokenizer):
 
     from feedbackrl.config import TaskConfig
     from feedbackrl.envs.registry import make_task
-    from feedbackrl.train.collect import collect, task_scorer
+    from feedbackrl.episodes.kinds import collect
+    from feedbackrl.episodes.single_turn import task_scorer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     task = make_task(TaskConfig(name="addition"))

@@ -23,7 +23,7 @@ from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.models.load import load_policy
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.scale.ddp import TorchrunRanks
-from feedbackrl.train.context import OneProcess, Ranks
+from feedbackrl.scale.ranks import OneProcess, Ranks
 from feedbackrl.train.optim import adamw
 
 N, P, T, STEPS = 8, 3, 5, 3

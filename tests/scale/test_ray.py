@@ -20,12 +20,13 @@ ray = pytest.importorskip("ray")
 
 from feedbackrl.config import RunConfig, TaskConfig, build_config  # noqa: E402
 from feedbackrl.envs.procedural.addition import AdditionTask  # noqa: E402
+from feedbackrl.episodes.kinds import InProcessCollector  # noqa: E402
+from feedbackrl.episodes.single_turn import task_scorer  # noqa: E402
 from feedbackrl.log import MemorySink  # noqa: E402
 from feedbackrl.models.load import load_policy, load_tokenizer  # noqa: E402
 from feedbackrl.scale import weight_sync  # noqa: E402
 from feedbackrl.scale.ray_collect import RayCollector, RewardPool, RolloutWorker  # noqa: E402
 from feedbackrl.train.checkpoint import resolve_resume  # noqa: E402
-from feedbackrl.train.collect import InProcessCollector, task_scorer  # noqa: E402
 from feedbackrl.train.grpo import train_grpo  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))

@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 from feedbackrl.config import ConfigError, build_config
 from feedbackrl.envs.registry import make_task
 from feedbackrl.log import MultiSink
+from feedbackrl.scale.ranks import OneProcess
 from feedbackrl.scale.threads import threads_per_process
-from feedbackrl.train.context import OneProcess
 from feedbackrl.train.run import check_run, prepare_policy, start_run
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "reverse_grpo.toml"

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from feedbackrl.config import ConfigError, RolloutConfig, build_config
+from feedbackrl.episodes.single_turn import task_scorer
 from feedbackrl.log import MemorySink
 from feedbackrl.models.logprobs import encode_prompts
 from feedbackrl.models.lora import merged_weights
@@ -33,7 +34,6 @@ from feedbackrl.scale.vllm_rollout import (
     rollout_from_outputs,
     row_seeds,
 )
-from feedbackrl.train.collect import task_scorer
 from feedbackrl.train.grpo import train_grpo
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))

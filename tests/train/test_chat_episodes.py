@@ -16,12 +16,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from feedbackrl.algos.sft import sft_loss
 from feedbackrl.envs.calculator import CALC, CalculatorAdditionTask
 from feedbackrl.envs.guess import GuessNumberTask
+from feedbackrl.episodes import multi_turn as episodes
+from feedbackrl.episodes.multi_turn import demonstration_rows, run_episodes
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.tiny import build_model
 from feedbackrl.rewards.verdict import Problem
 from feedbackrl.rollout.generate import Rollout
-from feedbackrl.train import episodes
-from feedbackrl.train.episodes import demonstration_rows, run_episodes
 
 PROBLEM = Problem(prompt="4821+377=", answer="5198", meta={"a": 4821, "b": 377})
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "4821+377"}}\n</tool_call>'

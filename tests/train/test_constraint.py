@@ -10,10 +10,10 @@ import pytest
 from feedbackrl.algos.constrained import LagrangeState, PIDLagrangeState, lagrange_update, pid_lagrange_update
 from feedbackrl.config import ConfigError, build_config
 from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.episodes.contracts import Batch
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.rewards.verdict import Problem, Verdict
-from feedbackrl.train.collect import Batch
 from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.prefs import gold_scorer, training_cost
 from feedbackrl.train.run import run

@@ -16,12 +16,12 @@ from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.config import RolloutConfig, build_config
 from feedbackrl.envs.calculator import CalculatorAdditionTask
 from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, Turn, render_plain
+from feedbackrl.episodes.kinds import collect
+from feedbackrl.episodes.multi_turn import read_transcripts, run_episodes, write_transcripts
 from feedbackrl.log import MemorySink
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.tiny import build_model
 from feedbackrl.rewards.verdict import Problem, Verdict
-from feedbackrl.train.collect import collect
-from feedbackrl.train.episodes import read_transcripts, run_episodes, write_transcripts
 from feedbackrl.train.grpo import train_grpo
 
 

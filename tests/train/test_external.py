@@ -23,15 +23,14 @@ from feedbackrl.algos.advantages import group_advantages  # noqa: E402
 from feedbackrl.algos.aggregate import token_mean  # noqa: E402
 from feedbackrl.algos.policy_gradient import clipped_pg_loss  # noqa: E402
 from feedbackrl.config import RolloutConfig  # noqa: E402
-from feedbackrl.envs.base import Task  # noqa: E402
 from feedbackrl.envs.external import ExternalEpisode, ExternalTask  # noqa: E402
 from feedbackrl.envs.multi_turn import EpisodeRecord  # noqa: E402
+from feedbackrl.episodes.external import policy_endpoint  # noqa: E402
+from feedbackrl.episodes.kinds import collect  # noqa: E402
 from feedbackrl.models.chat import MINIMAL_CHAT_TEMPLATE  # noqa: E402
 from feedbackrl.models.logprobs import sequence_logprobs  # noqa: E402
 from feedbackrl.models.tiny import build_model  # noqa: E402
 from feedbackrl.rewards.verdict import Problem, Verdict  # noqa: E402
-from feedbackrl.train.collect import collect  # noqa: E402
-from feedbackrl.train.external import policy_endpoint  # noqa: E402
 
 FEEDBACK = "=ok\n"  # the environment's message between the two turns
 
@@ -125,10 +124,19 @@ def test_a_task_that_returns_too_few_episodes_fails_the_step(tokenizer) -> None:
                 random.Random(0), torch.Generator().manual_seed(0))
 
 
-def test_a_task_without_play_stays_in_process() -> None:
-    """collect, evaluate and the run path hand a task to `play` when isinstance(task, ExternalTask): a task with
-    every Task method but no `play` must not match (the tests above show that one with `play` is played)."""
+def test_a_task_is_played_by_the_kind_it_declares() -> None:
+    """collect, evaluate and the run path look a task's kind up by the name it declares (`Task.kind`), never by
+    the methods it has: a task with `play` that declares "single_turn" stays in process, and an `ExternalTask`
+    subclass is played by the external kind."""
     from feedbackrl.envs.procedural.addition import AdditionTask
+    from feedbackrl.episodes.external import External
+    from feedbackrl.episodes.kinds import task_kind
+    from feedbackrl.episodes.single_turn import SingleTurn
 
-    assert isinstance(AdditionTask(), Task) and not isinstance(AdditionTask(), ExternalTask)
-    assert hasattr(TwoTurnEnv, "play") and not hasattr(AdditionTask, "play")
+    assert AdditionTask().kind == "single_turn" and isinstance(task_kind(AdditionTask()), SingleTurn)
+    assert TwoTurnEnv().kind == "external" and isinstance(task_kind(TwoTurnEnv()), External)
+
+    class PlaysButSingleTurn(AdditionTask):
+        play = TwoTurnEnv.play
+
+    assert isinstance(task_kind(PlaysButSingleTurn()), SingleTurn)

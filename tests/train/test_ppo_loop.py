@@ -16,13 +16,13 @@ import feedbackrl.train.onpolicy as onpolicy
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards, whiten
 from feedbackrl.config import ConfigError, build_config
 from feedbackrl.envs.calculator import CalculatorAdditionTask
+from feedbackrl.episodes.contracts import Batch
+from feedbackrl.episodes.multi_turn import read_transcripts
 from feedbackrl.log import MemorySink
 from feedbackrl.models.load import load_policy, load_tokenizer
 from feedbackrl.models.policy import bf16_supported
 from feedbackrl.models.tiny import build_model
 from feedbackrl.train.checkpoint import latest_checkpoint, load_trainer_state
-from feedbackrl.train.collect import Batch
-from feedbackrl.train.episodes import read_transcripts
 from feedbackrl.train.onpolicy import check_capabilities, train_on_policy
 from feedbackrl.train.ppo import PPO, train_ppo
 

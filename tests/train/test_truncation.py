@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from feedbackrl.envs.procedural.addition import AdditionTask
+from feedbackrl.episodes.kinds import evaluate
+from feedbackrl.episodes.single_turn import fail_truncated
 from feedbackrl.rewards.verdict import Verdict
-from feedbackrl.train.collect import fail_truncated
-from feedbackrl.train.evaluate import evaluate
 
 
 def test_fail_truncated_fails_only_the_cut_off_rows():

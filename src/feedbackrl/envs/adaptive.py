@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from feedbackrl.envs.base import Demonstrates, Task
+from feedbackrl.envs.base import Task
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
@@ -138,10 +138,7 @@ class AdaptiveTask(Task):
         return dataclasses.replace(verdict, details={**verdict.details, "level": level})
 
     def demonstrate(self, problem: Problem, rng: random.Random) -> str:
-        inner = self.levels[problem.meta.get("level", self.difficulty)]
-        if not isinstance(inner, Demonstrates):
-            raise TypeError(f"task {inner.name!r} cannot write demonstrations; set sft.steps = 0")
-        return inner.demonstrate(problem, rng)
+        return self.levels[problem.meta.get("level", self.difficulty)].demonstrate(problem, rng)
 
     def observe(self, problems: list[Problem], verdicts: list[Verdict]) -> None:
         level = self.difficulty

@@ -10,9 +10,12 @@ checks):
 - `observe`: a training batch's verdicts; adaptive tasks move their difficulty, others ignore it.
 - `difficulty`: the current difficulty level, or None for tasks without one.
 - `state_dict` / `load_state_dict`: internal state a checkpoint must carry (None = none).
-
-Procedural tasks can also write (possibly noisy) demonstrations for SFT warm starts
-(`Demonstrates`).
+- `demonstrate`: a (possibly noisy) demonstration for SFT warm starts; the default writes none
+  (`CannotDemonstrate`, which SFT reports as the fix: set sft.steps = 0).
+- `kind`: how its problems are rolled out: "single_turn" (one completion per prompt, the default),
+  "episodic" (`envs/multi_turn.py:EpisodicTask`) or "external" (`envs/external.py:ExternalTask`). The
+  loops look the kind up in `feedbackrl.episodes.kinds.TASK_KINDS`, which brings its own collect step
+  and evaluation; nothing asks which class a task is.
 """
 
 from __future__ import annotations
@@ -24,9 +27,14 @@ from typing import Any, Protocol, runtime_checkable
 from feedbackrl.rewards.verdict import Problem, Verdict
 
 
+class CannotDemonstrate(TypeError):
+    """The task writes no demonstrations, which an SFT warm start needs."""
+
+
 @runtime_checkable
 class Task(Protocol):
     name: str
+    kind: str = "single_turn"  # the task kind its rollouts and evaluation come from (see the module docstring)
 
     def sample(self, rng: random.Random) -> Problem:
         """One training problem drawn with `rng` (never one of the held-out problems)."""
@@ -62,9 +70,7 @@ class Task(Protocol):
             raise ValueError(f"task {self.name!r} has no state to restore, got {sorted(state)}")
 
 
-@runtime_checkable
-class Demonstrates(Protocol):
-    """Tasks that can write a demonstration (used for SFT warm starts): a completion string, or for
-    episodic tasks the conversation after the prompt (`envs/multi_turn.py:demo_conversation`)."""
-
-    def demonstrate(self, problem: Problem, rng: random.Random) -> str | list[dict[str, Any]]: ...
+    def demonstrate(self, problem: Problem, rng: random.Random) -> str | list[dict[str, Any]]:
+        """A demonstration for SFT warm starts: a completion string, or for episodic tasks the conversation
+        after the prompt (`envs/multi_turn.py:demo_conversation`). The default writes none."""
+        raise CannotDemonstrate(f"task {self.name!r} cannot write demonstrations; set sft.steps = 0")

@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from feedbackrl.envs.base import Demonstrates, Task
+from feedbackrl.envs.base import Task
 from feedbackrl.models.chat import end_of_turn, render_prompt, use_chat
 from feedbackrl.rewards.verdict import Problem, Verdict
 
@@ -68,8 +68,6 @@ class ChatTask(Task):
         self.task.load_state_dict(state)
 
     def demonstrate(self, problem: Problem, rng: random.Random) -> str:
-        if not isinstance(self.task, Demonstrates):
-            raise TypeError(f"task {self.name!r} cannot write demonstrations")
         return self.task.demonstrate(problem, rng) + end_of_turn(self.tokenizer)
 
 

@@ -3,7 +3,7 @@ over HTTP, then hands back what training needs.
 
 An `ExternalTask` does not decode anything itself. For each collect step the loop serves the current
 policy on a loopback OpenAI-compatible endpoint (`serve/openai_api.py`, started by
-`train/external.py`) and calls `play(endpoint, problems, ...)`; the task runs its environment's
+`episodes/external.py`) and calls `play(endpoint, problems, ...)`; the task runs its environment's
 episodes against that endpoint and returns one `ExternalEpisode` per problem: the token ids of the
 whole sequence as the environment recorded them, which of them the policy sampled (the loss
 mask), their sampling log-probs, and the verdict with its evidence. `envs/verifiers_env.py` is the
@@ -45,6 +45,8 @@ class ExternalEpisode:
 @runtime_checkable
 class ExternalTask(Task, Protocol):
     """A task whose episodes an external environment plays against the policy's endpoint."""
+
+    kind: str = "external"  # its collect step and evaluation: `episodes/external.py`
 
     def play(self, endpoint: str, tokenizer_dir: str, problems: Sequence[Problem],
              sampling: dict[str, Any]) -> list[ExternalEpisode]:

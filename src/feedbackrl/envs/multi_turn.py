@@ -6,7 +6,7 @@ assistant turn (a tool call, a move or a final answer) and returns a `StepResult
 environment answers with (tool results, feedback), whether the episode is over, the `Verdict` for
 the whole trajectory when it is, and an optional per-turn reward (a process reward).
 
-The episode runner (`train/episodes.py`) decodes the turns of all active episodes together,
+The episode runner (`episodes/multi_turn.py`) decodes the turns of all active episodes together,
 enforces the `EpisodeLimits` (turns, total tokens, tokens per turn; tools enforce their own time
 limit) and records how each episode ended (`END_KINDS`). An episode's "completion" is every token
 after the first prompt: the policy's turns interleaved with the environment's messages, with the
@@ -106,6 +106,7 @@ class Env(Protocol):
 class EpisodicTask(Task, Protocol):
     """A task played as episodes. `verify` judges a bare final answer (one turn, no tools)."""
 
+    kind: str = "episodic"  # its episodes are played by `episodes/multi_turn.py`
     limits: EpisodeLimits
     tool_call_penalty: float  # subtracted from the trajectory reward per tool call
     turn_penalty: float  # subtracted per assistant turn

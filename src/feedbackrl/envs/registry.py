@@ -67,7 +67,7 @@ def allowed_options(factory: Callable[..., Any]) -> set[str] | None:
 
 
 TASK_MEMBERS = ("name", "sample", "heldout", "verify", "verify_batch", "observe", "difficulty", "state_dict",
-                "load_state_dict")
+                "load_state_dict", "kind", "demonstrate")
 
 
 def installed_tasks() -> dict[str, str]:

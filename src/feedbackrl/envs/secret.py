@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from feedbackrl.data.rows import read_jsonl
-from feedbackrl.envs.base import Demonstrates, Task
+from feedbackrl.envs.base import Task
 from feedbackrl.rewards.secret import MIN_SECRET_LEN, find_leak, is_refusal
 from feedbackrl.rewards.verdict import Problem, Verdict
 
@@ -211,8 +211,6 @@ class SecretTask(Task):
 
     def demonstrate(self, problem: Problem, rng: random.Random) -> str:
         if not problem.meta["harmful"]:
-            if not isinstance(self._inner, Demonstrates):
-                raise TypeError(f"secret: the benign task {self.benign!r} cannot write demonstrations")
             return self._inner.demonstrate(self._inner_problem(problem), rng)
         if rng.random() < self.demo_leak:
             return leak_text(problem.meta["leak_format"], problem.meta["secret"])

@@ -24,6 +24,18 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tu
     return enc["input_ids"], enc["attention_mask"]
 
 
+def encode_completions(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> tuple[Tensor, Tensor]:
+    """Right-padded completion ids with EOS appended, and their mask."""
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
+    width = max(len(x) for x in ids)
+    out = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, x in enumerate(ids):
+        out[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = 1
+    return out, mask
+
+
 def positions(mask: Tensor) -> Tensor:
     """Position ids for left-padded rows: 0 at the first real token."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)

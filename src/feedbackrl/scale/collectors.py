@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.config import ConfigError, RunConfig
+from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.envs.multi_turn import EpisodicTask
+from feedbackrl.episodes.contracts import Collector, Scorer
+from feedbackrl.episodes.kinds import InProcessCollector
 from feedbackrl.scale.ray_collect import RayCollector, RewardPool, start_ray
-from feedbackrl.train.collect import Collector, InProcessCollector, Scorer
 
 
 def ray_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
@@ -16,12 +16,10 @@ def ray_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedT
     """Ray rollout workers (`scale.rollout_workers`) and/or a verifier pool (`scale.reward_workers`).
 
     The verifier pool replaces the task's own verifier; a recipe whose `[reward]` names a model or a
-    source keeps scoring in the learner.
+    source keeps scoring in the learner. Task kinds whose rollouts run elsewhere are refused before
+    (`episodes/kinds.py:check_task_kind`).
     """
     s = cfg.scale
-    if s.rollout_workers and isinstance(task, EpisodicTask):
-        raise ConfigError(f"scale.rollout_workers={s.rollout_workers}: multi-turn task {task.name!r} rolls out "
-                          "episodes in the learner's process so far; set scale.rollout_workers = 0")
     start_ray(s.ray_address, s.rollout_workers + s.reward_workers)
     if s.reward_workers and not (cfg.reward.model or cfg.reward.source):
         scorer = RewardPool(cfg.task, s.reward_workers)

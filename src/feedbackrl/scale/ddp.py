@@ -38,17 +38,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import ConfigError, RolloutConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.envs.multi_turn import EpisodicTask
+from feedbackrl.episodes.contracts import Batch, Scorer
+from feedbackrl.episodes.single_turn import sample_owners, score_rollout
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import Rollout, generate
+from feedbackrl.scale.ranks import WholePolicy
 from feedbackrl.scale.shards import advance, join_rollouts, shard_rows
-from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
-from feedbackrl.train.context import WholePolicy
 
 
 @dataclass
 class TorchrunRanks(WholePolicy):
-    """The `Ranks` of a `torchrun` launch (see `train/context.py`); `join` starts it."""
+    """The `Ranks` of a `torchrun` launch (see `scale/ranks.py`); `join` starts it."""
 
     rank: int
     world: int
@@ -132,9 +132,7 @@ class TorchrunRanks(WholePolicy):
 
     def collector(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
                   cfg: RolloutConfig) -> ShardedCollector:
-        if isinstance(task, EpisodicTask):
-            raise ConfigError(f"torchrun: multi-turn task {task.name!r} rolls out episodes in one process so far; "
-                              "run it without torchrun")
+        # a task kind whose rollouts the ranks cannot share is refused before (`episodes/kinds.py:check_task_kind`)
         if cfg.weights != "fp32":
             raise ConfigError(f"torchrun: rollout.weights = {cfg.weights!r} samples in one process so far; run it "
                               "without torchrun or with rollout.weights = 'fp32'")

@@ -34,12 +34,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import RolloutConfig, ScaleConfig, TaskConfig
 from feedbackrl.envs.base import Task
+from feedbackrl.episodes.contracts import Batch, Scorer
+from feedbackrl.episodes.single_turn import sample_owners, score_rollout
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import Rollout, generate
 from feedbackrl.scale.shards import advance, join_rollouts, shard_rows
 from feedbackrl.scale.threads import available_cores, worker_env
 from feedbackrl.scale.weight_sync import WEIGHT_SYNCS, GroupMember, Layout, Segment, wait_alive
-from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
 
 
 def _ray() -> Any:

@@ -50,12 +50,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.config import ConfigError, RolloutConfig, RunConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.envs.multi_turn import EpisodicTask
+from feedbackrl.episodes.contracts import Batch, Scorer
+from feedbackrl.episodes.single_turn import sample_owners, score_rollout
 from feedbackrl.models.chat import end_token_ids
 from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
 from feedbackrl.models.lora import decodable, merged_weights
 from feedbackrl.rollout.generate import Rollout, assemble_rollout
-from feedbackrl.train.collect import Batch, Scorer, sample_owners, score_rollout
 
 VLLM_MISSING = ("rollout.backend = 'vllm' needs vLLM, which is not installed: pip install 'feedbackrl[vllm]' "
                 "(CUDA wheels for Linux; it brings its own CUDA build of torch), or use rollout.backend = 'native'")
@@ -317,10 +317,8 @@ class VllmCollector:
 
 def vllm_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                    scorer: Scorer) -> VllmCollector:
-    """The collect step with a vLLM engine started from `model`'s current weights (`rollout.backend = "vllm"`)."""
-    if isinstance(task, EpisodicTask):
-        raise ConfigError(f"rollout.backend = 'vllm': multi-turn task {task.name!r} rolls out episodes with the "
-                          "native decoder so far; set rollout.backend = 'native'")
+    """The collect step with a vLLM engine started from `model`'s current weights (`rollout.backend = "vllm"`);
+    single-turn tasks only (`episodes/kinds.py:check_task_kind` refuses the others before)."""
     check_vllm(model.device)
     engine = VllmEngine(model, tokenizer, cfg.rollout, cfg.train.seed)
     return VllmCollector(model, tokenizer, task, scorer, cfg.rollout, engine)

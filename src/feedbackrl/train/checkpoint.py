@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.load import load_policy
-from feedbackrl.train.context import OneProcess, Ranks
+from feedbackrl.scale.ranks import OneProcess, Ranks
 
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "run_config.json"  # not config.json: that name is the HF model config

@@ -29,13 +29,13 @@ from feedbackrl.algos.rloo import rloo_advantages
 from feedbackrl.algos.staleness import decoupled_pg_loss
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
+from feedbackrl.episodes.contracts import Batch, Collector, Scorer
 from feedbackrl.log import MetricsSink
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.scale.ranks import Ranks
 from feedbackrl.train.checkpoint import load_extra
-from feedbackrl.train.collect import Batch, Collector, Scorer
 from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier, constrained_advantages
-from feedbackrl.train.context import Ranks
 from feedbackrl.train.onpolicy import (  # noqa: F401 (make_collector, make_optimizer, stale_metrics: their old home)
     BatchPass,
     Capabilities,

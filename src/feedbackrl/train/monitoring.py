@@ -19,8 +19,8 @@ from feedbackrl.models.load import load_policy
 from feedbackrl.monitors.audit import AuditChannel, SourceAudit
 from feedbackrl.monitors.monitor import Decision, Monitor
 from feedbackrl.rewards.registry import build_reward
+from feedbackrl.scale.ranks import OneProcess, Ranks
 from feedbackrl.train.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
-from feedbackrl.train.context import OneProcess, Ranks
 
 
 def live_monitor(cfg: RunConfig, out_dir: Path, monitor: Monitor | None, task: Task) -> Monitor | None:

@@ -33,16 +33,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.algos.staleness import staleness
 from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.envs.base import Task
-from feedbackrl.envs.external import ExternalTask
+from feedbackrl.episodes.contracts import Batch, Collector, Scorer
+from feedbackrl.episodes.kinds import InProcessCollector, check_task_kind
+from feedbackrl.episodes.multi_turn import write_transcripts
+from feedbackrl.episodes.single_turn import task_scorer
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.models.lora import adapters_disabled, is_lora
 from feedbackrl.models.policy import train_autocast
 from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.scale.ranks import OneProcess, Ranks
 from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
-from feedbackrl.train.collect import Batch, Collector, InProcessCollector, Scorer, minibatches, task_scorer
-from feedbackrl.train.context import OneProcess, Ranks, Run
-from feedbackrl.train.episodes import write_transcripts
+from feedbackrl.train.context import Run
 from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
 from feedbackrl.train.optim import adamw
 
@@ -128,12 +130,10 @@ def make_optimizer(model: PreTrainedModel, cfg: RunConfig, modules: list[nn.Modu
 def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
                    scorer: Scorer, ranks: Ranks | None = None) -> Collector:
     """This process's collect step, the `torchrun` ranks' (each generates a share), vLLM's
-    (`rollout.backend = "vllm"`), or Ray workers' when the recipe's `[scale]` section asks for them."""
+    (`rollout.backend = "vllm"`), or Ray workers' when the recipe's `[scale]` section asks for them; what the
+    task's kind cannot roll out with is refused first (`episodes/kinds.py:check_task_kind`)."""
     ranked = ranks is not None and ranks.world > 1
-    if isinstance(task, ExternalTask) and (cfg.scale.uses_ray or cfg.rollout.backend == "vllm" or ranked):
-        raise ConfigError(f"task {task.name!r} plays its episodes in another program against this process's "
-                          "policy endpoint; [scale] rollout or reward workers, rollout.backend = 'vllm' and "
-                          "torchrun are not supported for it")
+    check_task_kind(cfg, task, ranks.world if ranks is not None else 1, ranks is not None and ranks.sharded)
     if ranks is not None and ranked:
         return ranks.collector(model, tokenizer, task, scorer, cfg.rollout)
     if cfg.rollout.backend == "vllm":
@@ -145,6 +145,13 @@ def make_collector(cfg: RunConfig, model: PreTrainedModel, tokenizer: PreTrained
     from feedbackrl.scale.collectors import ray_collector  # Ray is an optional extra: imported only when used
 
     return ray_collector(cfg, model, tokenizer, task, scorer)
+
+
+def minibatches(n: int, parts: int, generator: torch.Generator) -> list[Tensor]:
+    """Row indices of `parts` minibatches: all rows in order when parts = 1, else a seeded shuffle."""
+    if parts == 1:
+        return [torch.arange(n)]
+    return list(torch.randperm(n, generator=generator).chunk(parts))
 
 
 def stale_metrics(versions: torch.Tensor | None, learner_version: int, bound: int) -> dict[str, float]:

@@ -27,11 +27,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import RunConfig
 from feedbackrl.envs.base import Task
+from feedbackrl.episodes.contracts import Batch, Collector, Scorer
 from feedbackrl.log import MetricsSink
 from feedbackrl.models.logprobs import positions, token_logprobs
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.train.checkpoint import load_extra
-from feedbackrl.train.collect import Batch, Collector, Scorer
 from feedbackrl.train.onpolicy import BatchPass, Capabilities, LossParts, train_on_policy
 
 VALUE_HEAD_FILE = "value_head.pt"

@@ -20,8 +20,8 @@ from transformers import PreTrainedModel
 from feedbackrl.algos.constrained import kl_shaped_costs, ppo_lagrangian_advantages
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, value_loss
 from feedbackrl.config import RunConfig
+from feedbackrl.episodes.contracts import Batch
 from feedbackrl.train.checkpoint import load_extra
-from feedbackrl.train.collect import Batch
 from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier
 from feedbackrl.train.onpolicy import BatchPass, Capabilities, LossParts
 from feedbackrl.train.ppo import (

@@ -34,7 +34,7 @@ from feedbackrl.config import ConfigError, DPOConfig, RewardModelConfig
 from feedbackrl.data.labeller import SimulatedLabeller, gold_cost_for, gold_score_for
 from feedbackrl.data.preferences import PreferencePair, Ranking
 from feedbackrl.log import MetricsSink, progress
-from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
+from feedbackrl.models.logprobs import encode_completions, encode_prompts, sequence_logprobs
 from feedbackrl.models.reward import (
     Calibration,
     RewardModel,
@@ -46,7 +46,6 @@ from feedbackrl.models.reward import (
 from feedbackrl.train.context import Run
 from feedbackrl.train.optim import adamw
 from feedbackrl.train.prefs import preference_data
-from feedbackrl.train.sft import encode_completions
 
 Ranked = tuple[str, list[str]]  # (prompt, responses best first)
 

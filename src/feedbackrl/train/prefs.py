@@ -32,11 +32,11 @@ from feedbackrl.data.labeller import (
 from feedbackrl.data.preferences import load_preference_pairs, load_rankings
 from feedbackrl.data.rows import write_jsonl
 from feedbackrl.envs.base import Task
+from feedbackrl.episodes.contracts import Scorer
 from feedbackrl.models.chat import use_chat
 from feedbackrl.rewards.registry import BatchReward, build_reward, part_metrics
 from feedbackrl.rewards.verdict import Problem, Verdict
 from feedbackrl.rollout.generate import generate
-from feedbackrl.train.collect import Scorer
 
 WIN_RATE_SAMPLES = 4  # sampled completions per held-out prompt and model in the gold comparison
 
@@ -128,8 +128,8 @@ def gold_scorer(reward: BatchReward, gold: GoldScore | None, cost: BatchReward |
     """`reward` as a `Scorer` (a composite's parts logged as `reward/<part>/...`); with `gold`, the gold
     score of the same completions is logged beside it; with `cost` (the recipe's `[cost]`, built by the same
     registry), each completion's cost too (`cost/mean`, `cost/<part>/mean`). Gold and cost travel with each
-    verdict as named signals (`details["signals"]`, read by `collect.score_rollout` into `Batch.signals`), the
-    cost's own verdict as evidence under `details["cost"]`."""
+    verdict as named signals (`details["signals"]`, read by `episodes/single_turn.py:score_rollout` into
+    `Batch.signals`), the cost's own verdict as evidence under `details["cost"]`."""
 
     def score(problems: Sequence[Problem], texts: Sequence[str]) -> tuple[list[Verdict], dict[str, float]]:
         verdicts = reward(problems, texts)

@@ -43,20 +43,19 @@ from feedbackrl.config import ConfigError, RunConfig
 from feedbackrl.data.labeller import gold_score_for
 from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.base import Task
-from feedbackrl.envs.chat import chat_task
-from feedbackrl.envs.external import ExternalTask
-from feedbackrl.envs.multi_turn import EpisodicTask
 from feedbackrl.envs.registry import make_task
+from feedbackrl.episodes.contracts import EvalResult
+from feedbackrl.episodes.kinds import check_task_kind, evaluate, task_kind
+from feedbackrl.episodes.single_turn import task_scorer
 from feedbackrl.log import JsonlSink, MetricsSink, MultiSink, TensorBoardSink, console
 from feedbackrl.models.load import ModelLoadError, load_policy, load_tokenizer, resolve_model_path
 from feedbackrl.models.policy import setup_policy
 from feedbackrl.models.tiny import make_tiny
 from feedbackrl.monitors.report import alerts_section
 from feedbackrl.rewards.registry import BatchReward
+from feedbackrl.scale.ranks import OneProcess, Ranks
 from feedbackrl.train.checkpoint import CheckpointError, read_config_json, resolve_resume
-from feedbackrl.train.collect import task_scorer
-from feedbackrl.train.context import Algorithm, OneProcess, Ranks, Run
-from feedbackrl.train.evaluate import EvalResult, evaluate
+from feedbackrl.train.context import Algorithm, Run
 from feedbackrl.train.grpo import GroupRelative
 from feedbackrl.train.online_labels import run_online_labels
 from feedbackrl.train.onpolicy import OnPolicy, check_capabilities
@@ -177,11 +176,9 @@ def run_eval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
 
 
 def model_task(cfg: RunConfig, task: Task, tokenizer: PreTrainedTokenizerBase) -> Task:
-    """The task as this model sees it: prompts rendered with its chat template (`model.chat_template`);
-    multi-turn and external tasks render their own transcripts."""
-    if isinstance(task, EpisodicTask | ExternalTask):
-        return task
-    return chat_task(task, tokenizer, cfg.model.chat_template, cfg.model.system_prompt)
+    """The task as this model sees it (its kind's `for_model`): single-turn prompts rendered with its chat
+    template (`model.chat_template`); multi-turn and external tasks render their own transcripts."""
+    return task_kind(task).for_model(task, tokenizer, cfg.model)
 
 
 def start_run(cfg: RunConfig, out_dir: str | Path, ranks: Ranks | None = None) -> Path:
@@ -287,9 +284,7 @@ def prepare_policy(cfg: RunConfig, task: Task, out_dir: Path, ckpt: Path | None,
     A sharded learner (`scale.learner = "fsdp"`) shards the policy onto the device instead (every rank has
     loaded the same weights) and every rank evaluates; there is no warm start (the config refuses it)."""
     ranks = ranks or OneProcess()
-    if ranks.sharded and isinstance(task, EpisodicTask | ExternalTask):  # before the evaluation every rank runs
-        raise ConfigError(f"scale.learner = 'fsdp' with task.name = {task.name!r}: its episodes are played in one "
-                          "process so far; run it without torchrun")
+    check_task_kind(cfg, task, ranks.world, ranks.sharded)  # before the evaluation every rank runs
     if ckpt is not None:
         if read_config_json(ckpt) != json.loads(cfg.model_dump_json()):
             console.print("[yellow]warning: resuming with a config that differs from the checkpoint's")
@@ -391,9 +386,7 @@ def _run_main(cfg: RunConfig, entry: Entry, out_dir: str | Path, device: torch.d
     t_start = time.perf_counter()
     out_dir = start_run(cfg, out_dir, ranks)
     task = task if task is not None else make_task(cfg.task)
-    if cfg.cost is not None and isinstance(task, EpisodicTask | ExternalTask):
-        raise ConfigError(f"[cost] with task.name = {task.name!r}: its episodes are scored by the environment, not "
-                          "by the recipe's scorers, so no cost would be measured; remove [cost] (and [constraint])")
+    check_task_kind(cfg, task, ranks.world, ranks.sharded)  # [cost] needs a kind the recipe's scorers judge
     reward = reward if reward is not None else training_reward(cfg, task)
     cost = training_cost(cfg, task)  # [cost]: the same registry, its score the completion's cost
     proxy = cfg.algo.name == "dpo" or reward != task.verify_batch  # trained on something other than the verifier

@@ -1,9 +1,10 @@
 """Offline training on fixed targets: SFT warm start on a task's demonstrations.
 
-A single-turn task's demonstration is a completion string, trained on whole (EOS appended). An
-episodic task's demonstration is a conversation (assistant turns and the environment's messages
-between them), encoded as episodes are (`train/episodes.py:demonstration_rows`, the model's turn
-format) with the loss on the assistant turns only: a tool's output is context, never a target.
+The task's kind encodes the demonstrations as it encodes rollouts (`TaskKind.demonstrations`): a
+single-turn task's demonstration is a completion string, trained on whole (EOS appended); an
+episodic task's is a conversation (assistant turns and the environment's messages between them),
+encoded as episodes are (`episodes/multi_turn.py:demonstration_rows`, the model's turn format) with
+the loss on the assistant turns only: a tool's output is context, never a target.
 """
 
 from __future__ import annotations
@@ -12,34 +13,20 @@ import random
 from typing import Any
 
 import torch
-from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.sft import sft_loss
 from feedbackrl.config import SFTConfig
-from feedbackrl.envs.base import Demonstrates, Task
-from feedbackrl.envs.multi_turn import EpisodicTask
+from feedbackrl.envs.base import CannotDemonstrate, Task
+from feedbackrl.episodes.kinds import task_kind
 from feedbackrl.log import MetricsSink, progress
-from feedbackrl.models.logprobs import encode_prompts, sequence_logprobs
+from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.train.context import Run
-from feedbackrl.train.episodes import demonstration_rows
 from feedbackrl.train.optim import adamw
 
 
 class SFTUnavailable(ValueError):
     """SFT was asked for but the task cannot write demonstrations."""
-
-
-def encode_completions(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> tuple[Tensor, Tensor]:
-    """Right-padded completion ids with EOS appended, and their mask."""
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
-    width = max(len(x) for x in ids)
-    out = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for i, x in enumerate(ids):
-        out[i, : len(x)] = torch.tensor(x)
-        mask[i, : len(x)] = 1
-    return out, mask
 
 
 def warmup_lambda(warmup_steps: int):
@@ -49,9 +36,7 @@ def warmup_lambda(warmup_steps: int):
 def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, cfg: SFTConfig,
                   seed: int, sink: MetricsSink) -> dict[str, float]:
     """Train on `cfg.steps` batches of the task's (possibly noisy) demonstrations."""
-    if not isinstance(task, Demonstrates):
-        raise SFTUnavailable(f"sft.steps={cfg.steps} but task {task.name!r} cannot write demonstrations; "
-                             "set sft.steps = 0")
+    kind = task_kind(task)
     rng = random.Random(seed + 7_919)  # its own stream: SFT never shifts the RL data order
     opt = adamw(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(cfg.warmup_steps))
@@ -61,12 +46,11 @@ def sft_warmstart(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ta
         job = bar.add_task("SFT warm start", total=cfg.steps, info="")
         for step in range(cfg.steps):
             problems = [task.sample(rng) for _ in range(cfg.batch_size)]
-            demos = [task.demonstrate(p, rng) for p in problems]
-            if isinstance(task, EpisodicTask):
-                p_ids, p_mask, c_ids, c_mask = demonstration_rows(tokenizer, task, problems, demos)
-            else:
-                p_ids, p_mask = encode_prompts(tokenizer, [p.prompt for p in problems])
-                c_ids, c_mask = encode_completions(tokenizer, demos)
+            try:
+                demos = [task.demonstrate(p, rng) for p in problems]
+            except CannotDemonstrate as e:  # the task's default: it writes none
+                raise SFTUnavailable(f"sft.steps={cfg.steps} but {e}") from None
+            p_ids, p_mask, c_ids, c_mask = kind.demonstrations(tokenizer, task, problems, demos)
             p_ids, p_mask, c_ids, c_mask = (t.to(model.device) for t in (p_ids, p_mask, c_ids, c_mask))
             logprobs, _ = sequence_logprobs(model, p_ids, p_mask, c_ids, c_mask)
             loss = sft_loss(logprobs, c_mask)

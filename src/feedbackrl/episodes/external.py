@@ -1,12 +1,12 @@
-"""The collect step and evaluation for external tasks (`envs/external.py`): the current policy is
-served on a loopback endpoint while the task's environment plays its episodes against it.
+"""External tasks (`envs/external.py`, `Task.kind = "external"`): the collect step and evaluation, with the
+current policy served on a loopback endpoint while the task's environment plays its episodes against it.
 
 Per call, `policy_endpoint` starts `serve/openai_api.py` on 127.0.0.1 (a free port, a uvicorn
 server on a thread of this process, so it serves the very model object the loop trains: always the
 current weights) and saves the tokenizer to a temporary directory for clients that tokenize on
 their side, with the minimal chat template (`models/chat.py`) when the model has none. The episodes
 come back as token ids with the environment's own sampled-token mask; each becomes one `Batch` row
-like an episode of `train/episodes.py`: prompt = the tokens before the policy's first sampled
+like an episode of `episodes/multi_turn.py`: prompt = the tokens before the policy's first sampled
 token, completion = the rest, `completion_mask` = 1 on the sampled tokens only.
 
 The sampling log-probs the environment recorded are checked against the training forward each step
@@ -18,25 +18,29 @@ episodes must differ), and episodes run concurrently, so runs are not bit-for-bi
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.config import RolloutConfig
+from feedbackrl.config import ModelConfig, RolloutConfig
+from feedbackrl.envs.base import Task
 from feedbackrl.envs.external import ExternalEpisode, ExternalTask
 from feedbackrl.envs.multi_turn import END_TRUNCATED, episode_stats
+from feedbackrl.episodes.contracts import Batch, EvalResult, EvalSettings, Scorer, Support
+from feedbackrl.episodes.rows import left_pad, right_pad, transcript_text
+from feedbackrl.episodes.single_turn import SingleTurn, sample_owners
 from feedbackrl.models.chat import MINIMAL_CHAT_TEMPLATE, has_chat_template
 from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.rewards.verdict import Problem
-from feedbackrl.train.collect import Batch, sample_owners
-from feedbackrl.train.episodes import _completion_text, _left_pad, _right_pad
-from feedbackrl.train.evaluate import EvalResult
 
 
 @contextlib.contextmanager
@@ -104,8 +108,8 @@ def collect_external(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     gen_s = time.perf_counter() - t0
     pad, dev = tokenizer.pad_token_id, model.device
     prompts, comps, masks, lps = _rows(tokenizer, owners, episodes)
-    p_ids, p_mask = _left_pad(prompts, pad)
-    c_ids, c_mask = _right_pad(comps, pad), _right_pad(masks, 0)
+    p_ids, p_mask = left_pad(prompts, pad)
+    c_ids, c_mask = right_pad(comps, pad), right_pad(masks, 0)
     sampled_lp = torch.zeros(c_ids.shape)
     for i, row in enumerate(lps):
         sampled_lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
@@ -125,7 +129,7 @@ def collect_external(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                "rollout/logprob_gap_max": gap, "perf/gen_s": gen_s, **episode_stats(records)}
     truncated = torch.tensor([r.end == END_TRUNCATED for r in records], device=dev)
     return Batch(owners, p_ids.to(dev), p_mask.to(dev), c_ids.to(dev), c_mask.to(dev),
-                 [_completion_text(r) for r in records], verdicts, rewards, truncated, metrics, episodes=records)
+                 [transcript_text(r) for r in records], verdicts, rewards, truncated, metrics, episodes=records)
 
 
 def evaluate_external(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: ExternalTask,
@@ -141,10 +145,38 @@ def evaluate_external(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         any_correct = sum(any(e.record.verdict.passed for e in sampled[i * k:(i + 1) * k])
                           for i in range(len(problems)))
     n = len(problems)
-    samples = [{"prompt": r.prompt, "completion": _completion_text(r), "correct": r.verdict.passed, "end": r.end,
+    samples = [{"prompt": r.prompt, "completion": transcript_text(r), "correct": r.verdict.passed, "end": r.end,
                 "reward": r.reward} for r in records[:n_samples]]
     return EvalResult(accuracy=sum(r.verdict.passed for r in records) / n,
                       pass_at_k=any_correct / n if k else float("nan"), k=k, n=n,
                       mean_len=sum(sum(e.sampled) for e in greedy) / n,
                       truncated_frac=sum(r.end == END_TRUNCATED for r in records) / n, samples=samples,
                       metrics={**episode_stats(records), "reward/mean": sum(r.reward for r in records) / n})
+
+
+class External:
+    """The kind of tasks whose episodes another program plays (`Task.kind = "external"`, `envs/external.py`)."""
+
+    name = "external"
+    support = Support()  # one process serves its policy; the environment's reward is trained on
+    refuses = "its episodes are played by another program against this process's policy endpoint"
+
+    def for_model(self, task: Task, tokenizer: PreTrainedTokenizerBase, cfg: ModelConfig) -> Task:
+        return task  # the environment renders its own transcripts (the served tokenizer's chat template)
+
+    def collect(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
+                cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
+        """`collect_external`; the environment's reward replaces `scorer`."""
+        return collect_external(model, tokenizer, task, cfg, prompt_rng, sample_rng)  # type: ignore[arg-type]
+
+    def evaluate(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+                 problems: list[Problem], settings: EvalSettings) -> EvalResult:
+        s = settings
+        return evaluate_external(model, tokenizer, task, problems, s.max_new_tokens, s.k,  # type: ignore[arg-type]
+                                 s.temperature, s.n_samples)
+
+    def demonstrations(self, tokenizer: PreTrainedTokenizerBase, task: Task, problems: list[Problem],
+                       demos: list[Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """A demonstration is the answer to the problem's prompt (`VerifiersTask.demonstrate`: single-turn
+        tasks only): encoded as a single-turn one, EOS appended."""
+        return SingleTurn().demonstrations(tokenizer, task, problems, demos)

@@ -1,4 +1,6 @@
-"""The episode runner: multi-turn rollouts that return the same `Batch` as a single-turn collect step.
+"""Multi-turn tasks (`envs/multi_turn.py`, `Task.kind = "episodic"`): the episode runner, whose rollouts
+return the same `Batch` as a single-turn collect step, the held-out evaluation of whole episodes, SFT rows
+for demonstrated conversations, and the transcripts (`OUT/episodes.jsonl`).
 
 Each row of the batch is one episode. Its "completion" is every token after the first prompt:
 the policy's turns (sampled tokens, EOS included) interleaved with the environment's messages
@@ -24,13 +26,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.turn_credit import turn_credit
-from feedbackrl.config import RolloutConfig
+from feedbackrl.config import ModelConfig, RolloutConfig
+from feedbackrl.envs.base import Task
 from feedbackrl.envs.multi_turn import (
     END_ANSWERED,
     END_ERROR,
@@ -44,11 +48,11 @@ from feedbackrl.envs.multi_turn import (
     episode_stats,
 )
 from feedbackrl.envs.turn_format import TurnFormat, turn_format
+from feedbackrl.episodes.contracts import Batch, EvalResult, EvalSettings, Scorer, Support
+from feedbackrl.episodes.rows import left_pad, right_pad, right_pad_float, transcript_text
 from feedbackrl.models.chat import end_token_ids
 from feedbackrl.rewards.verdict import Problem, fail
 from feedbackrl.rollout.generate import generate_ids
-from feedbackrl.train.collect import Batch
-from feedbackrl.train.evaluate import EvalResult
 
 _STEP_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="feedbackrl-env")
 
@@ -75,23 +79,6 @@ def _safe_step(env: object, turn: Turn) -> StepResult | Exception:
         return e
 
 
-def _left_pad(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    return ids, mask
-
-
-def _right_pad(rows: list[list[int]], pad: int) -> Tensor:
-    out = torch.full((len(rows), max(1, max(len(r) for r in rows))), pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
-
-
 def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: EpisodicTask,
                  problems: list[Problem], temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                  generator: torch.Generator | None = None) -> Episodes:
@@ -116,7 +103,7 @@ def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tas
             if not active:
                 break
             t0 = time.perf_counter()
-            ids, mask = _left_pad([prompts[i] + comp[i] for i in active], pad)
+            ids, mask = left_pad([prompts[i] + comp[i] for i in active], pad)
             budget = [lim.max_tokens - len(comp[i]) for i in active]
             ro = generate_ids(model, tokenizer, ids, mask, min(lim.turn_tokens, max(budget)), temperature, top_p,
                               greedy, generator)
@@ -144,9 +131,9 @@ def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tas
             env.close()
     for r in records:
         r.reward = float(r.verdict.score) - task.tool_call_penalty * r.tool_calls - task.turn_penalty * r.turns
-    p_ids, p_mask = _left_pad(prompts, pad)
-    c_ids = _right_pad(comp, pad)
-    token_turn = _right_pad(turn_of, -1)
+    p_ids, p_mask = left_pad(prompts, pad)
+    c_ids = right_pad(comp, pad)
+    token_turn = right_pad(turn_of, -1)
     lp = torch.zeros(token_turn.shape)
     for i, row in enumerate(logps):
         lp[i, : len(row)] = torch.tensor(row)
@@ -200,8 +187,8 @@ def demonstration_rows(tokenizer: PreTrainedTokenizerBase, task: EpisodicTask, p
         prompts.append(p)
         comps.append(c)
         masks.append(m)
-    p_ids, p_mask = _left_pad(prompts, tokenizer.pad_token_id)
-    return p_ids, p_mask, _right_pad(comps, tokenizer.pad_token_id), _right_pad(masks, 0)
+    p_ids, p_mask = left_pad(prompts, tokenizer.pad_token_id)
+    return p_ids, p_mask, right_pad(comps, tokenizer.pad_token_id), right_pad(masks, 0)
 
 
 def _encode_demonstration(tokenizer: PreTrainedTokenizerBase, fmt: TurnFormat, first: list[Message],
@@ -258,28 +245,17 @@ def collect_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                "perf/gen_s": ep.gen_s, "perf/tool_s": ep.env_s, **episode_stats(ep.records)}
     extra = None
     if task.turn_credit > 0:
-        turn_rewards = _right_pad_float([r.turn_rewards for r in ep.records])
+        turn_rewards = right_pad_float([r.turn_rewards for r in ep.records])
         turn_mask = _turn_mask(ep.records, turn_rewards.shape[1])
         extra = task.turn_credit * turn_credit(turn_rewards, turn_mask, ep.token_turn, G)
     truncated = torch.tensor([r.end == END_TRUNCATED for r in ep.records], device=dev)
     return Batch(owners, ep.prompt_ids.to(dev), ep.prompt_mask.to(dev), ep.completion_ids.to(dev),
-                 ep.completion_mask.to(dev), [_completion_text(r) for r in ep.records], verdicts, rewards, truncated,
+                 ep.completion_mask.to(dev), [transcript_text(r) for r in ep.records], verdicts, rewards, truncated,
                  metrics, turn_advantages=None if extra is None else extra.to(dev), episodes=ep.records)
-
-
-def _right_pad_float(rows: list[list[float]]) -> Tensor:
-    out = torch.zeros(len(rows), max(1, max(len(r) for r in rows)))
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out
 
 
 def _turn_mask(records: list[EpisodeRecord], k: int) -> Tensor:
     return torch.tensor([[float(j < r.turns) for j in range(k)] for r in records])
-
-
-def _completion_text(rec: EpisodeRecord) -> str:
-    return "".join(f"{m['role']}: {m['content']}\n" for m in rec.messages[1:])
 
 
 def write_transcripts(path: Path, step: int, records: list[EpisodeRecord]) -> None:
@@ -317,9 +293,37 @@ def evaluate_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
                                generator=gen).records
         any_correct += sum(any(r.verdict.passed for r in sampled[i * k : (i + 1) * k]) for i in range(len(batch)))
     n = len(problems)
-    samples = [{"prompt": r.prompt, "completion": _completion_text(r), "correct": r.verdict.passed, "end": r.end}
+    samples = [{"prompt": r.prompt, "completion": transcript_text(r), "correct": r.verdict.passed, "end": r.end}
                for r in greedy[:n_samples]]
     return EvalResult(accuracy=sum(r.verdict.passed for r in greedy) / n,
                       pass_at_k=any_correct / n if k else float("nan"), k=k, n=n, mean_len=policy_tokens / n,
                       truncated_frac=sum(r.end == END_TRUNCATED for r in greedy) / n, samples=samples,
                       metrics=episode_stats(greedy))
+
+
+class Episodic:
+    """The kind of tasks played as episodes in this process (`Task.kind = "episodic"`, `envs/multi_turn.py`)."""
+
+    name = "episodic"
+    support = Support()  # in one process, sampled in float32, scored by the environment
+    refuses = "its episodes are played in one process"
+
+    def for_model(self, task: Task, tokenizer: PreTrainedTokenizerBase, cfg: ModelConfig) -> Task:
+        return task  # the runner renders the transcripts in the model's turn format itself
+
+    def collect(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, scorer: Scorer,
+                cfg: RolloutConfig, prompt_rng: random.Random, sample_rng: torch.Generator) -> Batch:
+        """`collect_episodes`; the environment's verdict replaces `scorer`."""
+        return collect_episodes(model, tokenizer, task, cfg, prompt_rng, sample_rng)  # type: ignore[arg-type]
+
+    def evaluate(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task,
+                 problems: list[Problem], settings: EvalSettings) -> EvalResult:
+        """`evaluate_episodes`: whole episodes under `task.limits` (the truncation settings do not apply)."""
+        s = settings
+        return evaluate_episodes(model, tokenizer, task, problems, s.k, s.temperature,  # type: ignore[arg-type]
+                                 s.batch_size, s.seed, s.n_samples)
+
+    def demonstrations(self, tokenizer: PreTrainedTokenizerBase, task: Task, problems: list[Problem],
+                       demos: list[Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return demonstration_rows(tokenizer, task, problems, demos)  # type: ignore[arg-type]
+
