@@ -97,12 +97,13 @@ REFUSED = [  # (sections, world, sharded, the setting the error names)
     ({"scale": {"rollout_workers": 2}}, 1, False, "scale.rollout_workers = 2"),
     ({"scale": {"reward_workers": 1}}, 1, False, "scale.reward_workers = 1"),
     ({"cost": COST}, 1, False, "[cost]"),
+    ({"reward": COST}, 1, False, "[reward] source = 'regex'"),
 ]
 
 
 @pytest.mark.parametrize(("sections", "world", "sharded", "setting"), REFUSED,
                          ids=["int8", "vllm", "torchrun", "fsdp", "sharded_ranks", "rollout_workers",
-                              "reward_workers", "cost"])
+                              "reward_workers", "cost", "reward"])
 def test_an_episodic_task_refuses_what_its_episodes_do_not_run_with(sections, world, sharded, setting) -> None:
     with pytest.raises(ConfigError, match=re.escape(f"{setting} with task.name = 'guess_number': its episodes are "
                                                     "played in one process")):
@@ -111,7 +112,7 @@ def test_an_episodic_task_refuses_what_its_episodes_do_not_run_with(sections, wo
 
 @pytest.mark.parametrize(("sections", "world", "sharded", "setting"), REFUSED,
                          ids=["int8", "vllm", "torchrun", "fsdp", "sharded_ranks", "rollout_workers",
-                              "reward_workers", "cost"])
+                              "reward_workers", "cost", "reward"])
 def test_a_single_turn_task_runs_with_all_of_it(sections, world, sharded, setting) -> None:
     check_task_kind(_cfg(**sections), AdditionTask(), world, sharded)  # no error: every flag is supported
 

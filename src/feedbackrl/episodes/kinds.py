@@ -61,6 +61,7 @@ def check_task_kind(cfg: RunConfig, task: Task, world: int | None = None, sharde
     over the ranks (`scale.learner = "fsdp"`)."""
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     kind, s = task_kind(task), cfg.scale
+    named = f"source = {cfg.reward.source!r}" if cfg.reward.source else f"model = {cfg.reward.model!r}"
     check_rollout(cfg.rollout, task)
     needs = [
         (sharded or (world > 1 and s.learner == "fsdp"), kind.support.torchrun, "scale.learner = 'fsdp'",
@@ -72,6 +73,10 @@ def check_task_kind(cfg: RunConfig, task: Task, world: int | None = None, sharde
          "set scale.rollout_workers = 0"),
         (s.reward_workers > 0, kind.support.reward_workers, f"scale.reward_workers = {s.reward_workers}",
          "set scale.reward_workers = 0"),
+        (bool(cfg.reward.source or cfg.reward.model), kind.support.recipe_scored,
+         f"[reward] {named}",
+         "its rollouts are scored by the environment, not by the recipe's scorers, so that reward would never be "
+         "used; remove it from [reward]"),
         (cfg.cost is not None, kind.support.recipe_scored, "[cost]",
          "its rollouts are scored by the environment, not by the recipe's scorers, so no cost would be measured; "
          "remove [cost] (and [constraint])"),
