@@ -19,7 +19,9 @@ What is set, and why (the rest are imitation's defaults, those of its `train_pre
   10 rounds of labels and PPO (5,120 PPO steps each, 51,200 in all);
   `exploration_frac` 0, so the only steps beyond PPO's are those imitation samples to label before the first
   iteration (counted: every `step_wait` of the vector env is).
-- CartPole-v1 needs `allow_variable_horizon=True` (as imitation's own `cartpole` config sets).
+- CartPole-v1 needs `allow_variable_horizon=True` (as imitation's own `cartpole` config sets). There, a
+  round whose sampled episodes are all shorter than a fragment makes `RandomFragmenter` raise; the run then
+  stops, is evaluated once more and reports why in `stopped` (its return counts as the final one).
 """
 
 from __future__ import annotations
@@ -134,9 +136,18 @@ def run(args: argparse.Namespace) -> dict:
                       "return": evaluate(agent, args.env, args.eval_episodes, args.seed + 10_000)})
 
     t0 = time.perf_counter()
-    algo.train(total_timesteps=chunk * args.iterations, total_comparisons=args.labels, callback=after_iteration)
-    return {"curve": curve, "final_return": curve[-1]["return"], "env_steps": venv.steps,
-            "labels": len(algo.dataset), "train_seconds": time.perf_counter() - t0}
+    stopped = ""
+    try:
+        algo.train(total_timesteps=chunk * args.iterations, total_comparisons=args.labels, callback=after_iteration)
+    except ValueError as e:  # RandomFragmenter: every sampled episode is shorter than a fragment
+        if "long enough" not in str(e):
+            raise
+        stopped = f"stopped after {len(curve) - 1} of {args.iterations + 1} rounds: {e}"
+        curve.append({"env_steps": venv.steps, "ppo_steps": int(agent.num_timesteps), "labels": len(algo.dataset),
+                      "return": evaluate(agent, args.env, args.eval_episodes, args.seed + 10_000)})
+    return {"curve": curve, "final_return": curve[-1]["return"], "env_steps": venv.steps, "ppo_steps":
+            int(agent.num_timesteps), "labels": len(algo.dataset), "stopped": stopped,
+            "train_seconds": time.perf_counter() - t0}
 
 
 def main() -> None:
