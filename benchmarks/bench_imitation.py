@@ -108,6 +108,12 @@ def ours(env_id: str, seed: int, labels: int, out: Path) -> dict[str, Any]:
             "labels": asked, "seconds": time.perf_counter() - t0}
 
 
+def reference(env_id: str, seed: int, out: Path) -> float:
+    """Our PPO on the environment's true reward (recipes/cartpole_ppo.toml), same steps and seed: the ceiling."""
+    report = run(load_config(ROOT / "recipes/cartpole_ppo.toml", [f"control.env={env_id}", f"train.seed={seed}"]), out)
+    return report["control_eval_after"]["eval/return"]
+
+
 def plot(results: dict[str, Any]) -> None:
     import matplotlib
 
@@ -115,7 +121,7 @@ def plot(results: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     names = [e for e in ENVS if e in results.get("runs", {})]
-    fig, axes = plt.subplots(len(names), 2, figsize=(11, 3.6 * len(names)), squeeze=False)
+    fig, axes = plt.subplots(len(names), 2, figsize=(11, 0.6 + 3.6 * len(names)), squeeze=False)
     colours = {"ours": "tab:blue", "imitation": "tab:orange"}
     for row, name in zip(axes, names, strict=True):
         runs = results["runs"][name]
@@ -132,19 +138,27 @@ def plot(results: dict[str, Any]) -> None:
             for i, c in enumerate(runs[top][side].values()):
                 row[1].plot([p["env_steps"] for p in c["curve"]], [p["return"] for p in c["curve"]], "-",
                             color=colours[side], alpha=0.8, label=f"{side}, {top} labels" if i == 0 else None)
+        ref = results.get("reference", {}).get(name)
+        if ref:
+            for ax in row:
+                ax.axhline(statistics.mean(ref), color="grey", ls="--", lw=1, label="PPO on the true reward (ours)")
         row[0].set(xscale="log", xlabel="label budget", ylabel="greedy true return (10 held-out episodes)",
                    title=f"{ENVS[name][0].split(':')[-1]}: return after 51,200 PPO steps")
         row[1].set(xlabel="environment steps", ylabel="greedy true return",
                    title=f"{ENVS[name][0].split(':')[-1]}: during training, each seed")
+        row[0].minorticks_off()
+        row[0].set_xticks(budgets, [str(b) for b in budgets])
         for ax in row:
             ax.set_ylim(0, 520)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     p = results.get("provenance", {})
-    fig.suptitle(f"Preference PPO vs imitation 1.0.1 PreferenceComparisons, Boltzmann teacher (beta 1); "
-                 f"{p.get('date', '')}, {p.get('machine', '')}, load {p.get('load_average', '')}, "
-                 f"commit {p.get('commit', '')}\npython benchmarks/bench_imitation.py "
-                 f"{' '.join(p.get('argv', [])[1:])}", fontsize=8)
+    n_seeds = max(len(c["ours"]) for cells in results["runs"].values() for c in cells.values())
+    fig.suptitle(f"Preference PPO (feedbackrl) vs imitation 1.0.1 PreferenceComparisons + SB3 PPO, Boltzmann teacher "
+                 f"(beta 1), {n_seeds} seeds\n"
+                 f"{p.get('date', '')}, {p.get('machine', '')}, load {p.get('load_average', '')} at start, "
+                 f"{results.get('load_average_end', '')} at end\ncommit {p.get('commit', '')}: "
+                 f"python benchmarks/bench_imitation.py {' '.join(p.get('argv', [])[1:])}", fontsize=8)
     fig.tight_layout()
     fig.savefig(FIGURE, dpi=110)
 
@@ -156,9 +170,19 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot-only", action="store_true", help="redraw docs/imitation.png from the results file")
+    p.add_argument("--reference-only", action="store_true",
+                   help="add our true-reward PPO (the same seeds and steps) to the results file, and redraw")
     args = p.parse_args()
-    if args.plot_only:
-        plot(json.loads(RESULTS.read_text()))
+    if args.plot_only or args.reference_only:
+        results = json.loads(RESULTS.read_text())
+        if args.reference_only:
+            setup_threads(args.threads)
+            with tempfile.TemporaryDirectory() as tmp:
+                results["reference"] = {name: [reference(ENVS[name][0], s, Path(tmp) / f"ref_{name}_{s}")
+                                               for s in range(args.seeds)] for name in args.envs.split(",")}
+            results["reference_provenance"] = provenance()
+            RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        plot(results)
         return
     setup_threads(args.threads)
     results: dict[str, Any] = {"provenance": provenance(), "env_check": {}, "runs": {}}
