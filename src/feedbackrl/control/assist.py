@@ -66,7 +66,7 @@ class AssistConfig:
     env: str = "CartPole-v1"
     num_envs: int = 8
     rollout_steps: int = 128
-    demo_steps: int = 200  # environment steps of noisy demonstrations (all environments together)
+    demo_steps: int = 80  # environment steps of noisy demonstrations (all environments together)
     demo_noise: float = 0.3  # probability that a demonstrated action is replaced by a random one
     bc_steps: int = 300  # full-batch optimizer steps of behaviour cloning
     bc_lr: float = 1e-3
