@@ -10,7 +10,9 @@ Every arm starts from the same policy per seed: behaviour cloning on `demo_steps
 - bc_dagger: DAgger rounds, the expert labelling every state the agent visited;
 - bc_ppo: PPO on the environment's reward;
 - bc_ppo_takeover: PPO with the expert taking over where the pole passes 0.12 rad or the cart 1.8 (the
-  takeover steps trained by the preference loss, PVP-style), the takeover rate logged per update.
+  takeover steps trained by the preference loss, PVP-style, and each costing 1 in PPO's reward), the takeover
+  rate logged per update;
+- bc_ppo_takeover_free: the same without the cost of a takeover.
 Success: the greedy policy alone, no expert, keeps the pole up for all 500 steps, over 10 held-out episodes.
 """
 
@@ -42,7 +44,7 @@ from feedbackrl.control.assist import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "assist.json"
 FIGURE = ROOT / "docs" / "assist.png"
-ARMS = ("bc", "bc_dagger", "bc_ppo", "bc_ppo_takeover")
+ARMS = ("bc", "bc_dagger", "bc_ppo", "bc_ppo_takeover", "bc_ppo_takeover_free")
 
 
 def one_seed(cfg: AssistConfig, seed: int) -> dict[str, list[dict[str, Any]]]:
@@ -56,6 +58,7 @@ def one_seed(cfg: AssistConfig, seed: int) -> dict[str, list[dict[str, Any]]]:
         "bc_dagger": dagger(copy.deepcopy(warm), cfg, seed, obs, actions),
         "bc_ppo": run_assisted(copy.deepcopy(warm), replace(cfg, takeover=False), seed),
         "bc_ppo_takeover": run_assisted(copy.deepcopy(warm), cfg, seed),
+        "bc_ppo_takeover_free": run_assisted(copy.deepcopy(warm), replace(cfg, takeover_penalty=0.0), seed),
     }
 
 
@@ -72,15 +75,13 @@ def plot(results: dict[str, Any]) -> None:
         x = [r["env_steps"] for r in logs[0]]
         ax_s.plot(x, [statistics.mean(lg[i]["eval/success"] for lg in logs) for i in range(len(x))], "o-", ms=3,
                   label=arm)
-        if arm == "bc_ppo_takeover":
-            for s, lg in zip(runs, logs, strict=True):
-                ax_t.plot(x[1:], [r["assist/takeover_rate"] for r in lg[1:]], "-", alpha=0.5, label=f"seed {s}")
+        if arm.startswith("bc_ppo_takeover"):
             ax_t.plot(x[1:], [statistics.mean(lg[i]["assist/takeover_rate"] for lg in logs) for i in range(1, len(x))],
-                      "k-", lw=2, label="mean")
+                      "-", lw=2, label=f"{arm}, mean of seeds")
     ax_s.set(xlabel="environment steps after the BC warm start", ylabel="success (greedy, no expert), mean of seeds",
              title="CartPole-v1: 500 steps without falling", ylim=(-0.05, 1.05))
     ax_t.set(xlabel="environment steps", ylabel="share of steps taken over by the expert",
-             title="bc_ppo_takeover: takeover rate per update")
+             title="takeover rate per update")
     for ax in (ax_s, ax_t):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -109,13 +110,14 @@ def main() -> None:
         r = results["runs"][str(seed)]
         print(f"seed {seed}: " + ", ".join(
             f"{a} success {r[a][0]['eval/success']:.1f} -> {r[a][-1]['eval/success']:.1f}" for a in ARMS), flush=True)
-    rates = [[r["assist/takeover_rate"] for r in results["runs"][s]["bc_ppo_takeover"][1:]] for s in results["runs"]]
     k = max(1, args.updates // 4)
+    rates = {a: [[r["assist/takeover_rate"] for r in results["runs"][s][a][1:]] for s in results["runs"]]
+             for a in ("bc_ppo_takeover", "bc_ppo_takeover_free")}
     results["summary"] = {
         "final_success": {a: [results["runs"][s][a][-1]["eval/success"] for s in results["runs"]] for a in ARMS},
         "final_return": {a: [results["runs"][s][a][-1]["eval/return"] for s in results["runs"]] for a in ARMS},
-        "takeover_rate_first_quarter": [statistics.mean(r[:k]) for r in rates],
-        "takeover_rate_last_quarter": [statistics.mean(r[-k:]) for r in rates],
+        "takeover_rate_first_quarter": {a: [statistics.mean(r[:k]) for r in v] for a, v in rates.items()},
+        "takeover_rate_last_quarter": {a: [statistics.mean(r[-k:]) for r in v] for a, v in rates.items()},
     }
     results["wall_seconds"] = time.perf_counter() - t0
     results["load_average_end"] = provenance()["load_average"]

@@ -12,7 +12,10 @@ id) with its test of "about to fail". What it gives the learner:
   `about_to_fail` test fires, the expert's action is executed instead of the agent's. PPO's policy loss skips
   those steps (the agent did not choose them); `algos.imitation.takeover_preference_loss` trains the policy to
   prefer the expert's action to its own in those states (PVP-style, Peng et al. 2023); the value and GAE see
-  every step. The share of steps taken over (`assist/takeover_rate`) is logged per update and should fall.
+  every step. Each taken-over step costs `takeover_penalty` in the reward PPO sees (the intervention cost of
+  HACO, Li et al. 2022): without it, an expert who always saves the episode leaves PPO nothing to learn from,
+  since the agent's steps into danger are paid as well as any other. The share of steps taken over
+  (`assist/takeover_rate`) is logged per update and should fall.
 
 Success is the greedy policy on its own, no expert watching: an evaluation episode counts when it runs to the
 environment's time limit without terminating (on CartPole-v1: 500 steps without the pole falling).
@@ -63,6 +66,9 @@ EXPERTS: dict[str, Expert] = {"CartPole-v1": Expert(cartpole_expert, cartpole_ab
 
 @dataclass(frozen=True)
 class AssistConfig:
+    """The settings of `demonstrations`, `behaviour_clone`, `dagger` and `run_assisted`; `ppo` holds PPO's
+    (its `steps` is not read: `updates` counts the rollouts)."""
+
     env: str = "CartPole-v1"
     num_envs: int = 8
     rollout_steps: int = 128
@@ -75,6 +81,7 @@ class AssistConfig:
     takeover: bool = True  # the expert takes over where it judges the agent about to fail
     takeover_coef: float = 1.0  # weight of the takeover preference loss beside PPO's
     takeover_beta: float = 1.0
+    takeover_penalty: float = 1.0  # subtracted from the reward of every taken-over step (an intervention cost)
     eval_episodes: int = 10
     ppo: ControlPPOConfig = field(default_factory=ControlPPOConfig)
 
@@ -224,7 +231,8 @@ def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int) -> list[dict
             group["lr"] = a.lr * (1 - (u - 1) / cfg.updates)
         ro = collector.collect(agent, cfg.rollout_steps, gen)
         taken, agent_actions, expert_actions = agent.pop()
-        adv, ret = rollout_advantages(ro.rewards, ro.values[..., 0], ro.terminated, ro.truncated,
+        rewards = ro.rewards - cfg.takeover_penalty * taken.float()
+        adv, ret = rollout_advantages(rewards, ro.values[..., 0], ro.terminated, ro.truncated,
                                       ro.boot_values[..., 0], ro.last_values[..., 0], a.gamma, a.lam)
         own = ~taken
         flat = {"obs": ro.obs, "agent_actions": agent_actions, "expert_actions": expert_actions, "taken": taken,
