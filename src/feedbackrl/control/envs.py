@@ -13,6 +13,7 @@ A cost is a function of the vector env's observations after a step (E, obs_dim) 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +37,13 @@ COSTS: dict[str, CostFn] = {"cart_off_centre": cart_off_centre}
 def make_vec_env(env_id: str, num_envs: int, options: dict[str, Any] | None = None) -> SyncVectorEnv:
     """`num_envs` copies of `env_id` (gymnasium id), reset in the same step; a clear error for an unknown id."""
     options = dict(options or {})
+    module, _, name = env_id.rpartition(":")  # "module:Id" registers Id by importing module, as gymnasium.make does
     try:
-        gym.spec(env_id)
+        if module:
+            importlib.import_module(module)
+        gym.spec(name)
+    except ImportError as e:
+        raise ConfigError(f"control.env = {env_id!r}: cannot import {module!r} to register it ({e})") from None
     except gym.error.Error as e:
         known = sorted(k for k in gym.registry if "/" not in k and k.endswith(("-v0", "-v1")))[:12]
         raise ConfigError(f"control.env = {env_id!r} is not a registered gymnasium environment ({e}); "
