@@ -90,11 +90,13 @@ def summary(out: Path) -> dict:
         if name not in results:
             results[name] = evaluate(path, out / "redteam.jsonl")
             cache.write_text(json.dumps(results, indent=2))
-    if not (out / "redteam_after.json").is_file():
-        (out / "redteam_after.json").write_text(json.dumps(attack(models["GRPO-Lagrangian"],
-                                                                  out / "redteam_after.jsonl"), indent=2))
+    for tag, name in (("unsafe", "GRPO"), ("safe", "GRPO-Lagrangian")):
+        if not (out / f"redteam_after_{tag}.json").is_file():
+            (out / f"redteam_after_{tag}.json").write_text(json.dumps(attack(models[name],
+                                                                   out / f"redteam_after_{tag}.jsonl"), indent=2))
     rows = {"suite": results, "redteam_start": json.loads((out / "redteam_start.json").read_text()),
-            "redteam_after_safe": json.loads((out / "redteam_after.json").read_text())}
+            **{f"redteam_after_{tag}": json.loads((out / f"redteam_after_{tag}.json").read_text())
+               for tag in ("unsafe", "safe")}}
     for name in ("unsafe", "safe"):
         rows[f"{name}_report"] = {k: v for k, v in json.loads((out / name / "report.json").read_text()).items()
                                   if k in ("safety_eval", "release", "train_seconds", "eval_after")}
