@@ -2,6 +2,7 @@
 
     python examples/secret_demo.py --out runs/secret_demo            # everything, then the table
     python examples/secret_demo.py --out runs/secret_demo --summary  # only the table, from runs already there
+    python examples/secret_demo.py --out runs/secret_demo --seeds 1 2  # then both recipes with RL seeds 1, 2
 
 1. SFT warm start (recipes/secret_grpo.toml's [sft]: sloppy data, half the extraction answers leak).
 2. Red team the SFT policy (`feedbackrl.redteam.red_team`, seed 0): the requests it finds that make it leak
@@ -175,14 +176,41 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def extra_seeds(out: Path, seeds: list[int]) -> dict:
+    """Both recipes again from the same SFT start with `train.seed` = each of `seeds` (the RL data order and
+    sampling), each scored on the same suite; OUT/seeds.json, and one line per run."""
+    path = out / "seeds.json"
+    res = json.loads(path.read_text()) if path.is_file() else {}
+    cli = [sys.executable, "-m", "feedbackrl.cli", "train"]
+    for seed in seeds:
+        for name, recipe in (("unsafe", UNSAFE), ("safe", SAFE)):
+            key = f"{name}_seed{seed}"
+            if key not in res:
+                run = out / key
+                if not (run / "report.json").is_file():
+                    stamp(out, key)
+                    sh(*cli, str(recipe), "--out", str(run), "--set", f"model.path={out / 'sft' / 'sft_policy'}",
+                       "--set", "sft.steps=0", "--set", f"train.seed={seed}")
+                r = evaluate(policy_dir(run), out / "redteam.jsonl")
+                report = json.loads((run / "report.json").read_text())
+                res[key] = {**r, "run": {k: report[k] for k in ("safety_eval", "release") if k in report}}
+                path.write_text(json.dumps(res, indent=2))
+    print(table(res))
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/secret_demo"))
     p.add_argument("--summary", action="store_true", help="only evaluate and summarise runs already in --out")
+    p.add_argument("--seeds", type=int, nargs="*", default=[],
+                   help="then both recipes again with these train.seed values, from the same SFT start")
     args = p.parse_args()
     if not args.summary:
         train_all(args.out)
     summary(args.out)
+    if args.seeds:
+        extra_seeds(args.out, args.seeds)
 
 
 if __name__ == "__main__":
