@@ -42,20 +42,23 @@ EVAL_N = 600  # held-out problems in the suite (the recipe evaluates 300 in the 
 
 
 def stamp(out: Path, stage: str) -> None:
-    """Record the stage's start (UTC), the load average and the commit in OUT/provenance.json."""
+    """Record the stage's start (UTC), the load average and the commit in OUT/provenance.json (the first
+    stage's commit also at the top)."""
     path = out / "provenance.json"
     prov = json.loads(path.read_text()) if path.is_file() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    commit += "+dirty" if dirty else ""
     if not prov:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True).stdout.strip()
         cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                     if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else ""
-        prov = {"commit": commit + ("+dirty" if dirty else ""), "cpu": cpu, "cores": os.cpu_count(),
+        prov = {"commit": commit, "cpu": cpu, "cores": os.cpu_count(),
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""), "command": " ".join(sys.argv),
                 "stages": []}
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    prov["stages"].append({"stage": stage, "start": now, "load_average": [round(x, 2) for x in os.getloadavg()]})
+    load = [round(x, 2) for x in os.getloadavg()]
+    prov["stages"].append({"stage": stage, "start": now, "commit": commit, "load_average": load})
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prov, indent=2))
 
