@@ -158,13 +158,14 @@ def main() -> None:
                    help="also write the summary with its provenance here (e.g. benchmarks/results/safe_demo.json)")
     p.add_argument("--summary", action="store_true", help="only summarise runs already in --out")
     args = p.parse_args()
+    prov = provenance()  # before anything is written: the commit the runs come from
     seeds = tuple(args.seeds)
     png = args.png or (Path("docs/safety.png") if args.algo == "grpo" else args.out / "safety.png")
     if not args.summary:
         train_all(args.out, args.algo, seeds, args.sft or args.out / "sft")
     rows = summary(args.out, png, args.algo, seeds)
     if args.results:
-        args.results.write_text(json.dumps({**rows, "provenance": provenance()}, indent=2) + "\n")
+        args.results.write_text(json.dumps({**rows, "provenance": prov}, indent=2) + "\n")
     print(json.dumps(rows, indent=2))
 
 
