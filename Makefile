@@ -66,10 +66,10 @@ safe-demo: setup
 	OMP_NUM_THREADS=1 $(PY) examples/safe_demo.py --out runs/safe_demo --seeds 0 1 2 3 \
 		--results benchmarks/results/safe_demo.json
 
-# The same toy with PPO and PPO-Lagrangian (recipes/reverse_safe_ppo.toml), seed 0, from the GRPO demo's SFT warm
-# start (trained first when absent): runs/safe_demo_ppo/summary.json, benchmarks/results/safe_demo_ppo.json.
+# The same toy with PPO and PPO-Lagrangian (recipes/reverse_safe_ppo.toml), seeds 0-2, from the GRPO demo's SFT
+# warm start (trained first when absent): runs/safe_demo_ppo/summary.json, benchmarks/results/safe_demo_ppo.json.
 safe-demo-ppo: setup
-	OMP_NUM_THREADS=1 $(PY) examples/safe_demo.py --out runs/safe_demo_ppo --algo ppo --seeds 0 \
+	OMP_NUM_THREADS=1 $(PY) examples/safe_demo.py --out runs/safe_demo_ppo --algo ppo --seeds 0 1 2 \
 		--sft runs/safe_demo/sft --results benchmarks/results/safe_demo_ppo.json
 
 # Keep a secret (docs/safety.md): a leaky SFT start on the secret task, red-teamed; GRPO with the leak measured and
