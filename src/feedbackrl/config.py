@@ -502,7 +502,7 @@ class ScaleConfig(Section):
 
 # what a control run (`[control]`) has no use for: given in its recipe, they are refused rather than ignored
 LANGUAGE_MODEL_SECTIONS = ("model", "lora", "task", "sft", "rollout", "reward", "release", "prefs", "online",
-                           "monitors", "scale")
+                           "scale")
 
 
 class RunConfig(Section):
@@ -633,6 +633,14 @@ class RunConfig(Section):
                              f"'control_ppo') does not use: remove {', '.join(f'[{k}]' for k in given)}")
         if self.constraint is not None and not c.cost:
             raise ValueError("[constraint] keeps control.cost under constraint.threshold: set control.cost")
+        m = self.monitors
+        refused = {d: x for d, x in m.actions.items() if x not in ("log", "stop")}
+        if refused:
+            raise ValueError(f"monitors.actions {refused}: a control run's monitors can log or stop (rollback and "
+                             "raise_kl act on a language model's checkpoints and KL coefficient)")
+        if m.gold_every or m.audit.every:
+            raise ValueError("monitors.gold_every and monitors.audit check text completions; a control run's gold "
+                             "is the environment's return, compared with the learned reward at every step")
         if c.reward == "preferences" and c.preferences.segment_len > c.rollout_steps:
             raise ValueError(f"control.preferences.segment_len = {c.preferences.segment_len} is longer than a "
                              f"rollout (control.rollout_steps = {c.rollout_steps}), where segments are cut from")

@@ -35,6 +35,8 @@ from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
 from feedbackrl.control.rollout import Collector, Rollout, rollout_advantages
 from feedbackrl.log import MetricsSink, console, progress
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.monitors.report import alerts_section
 from feedbackrl.train.constraint import Multiplier
 
 STATE_FILE, CONFIG_FILE, MODEL_CONFIG = "trainer_state.pt", "run_config.json", "config.json"
@@ -123,6 +125,27 @@ def _save(out_dir: Path, step: int, cfg: RunConfig, state: dict[str, Any], model
     return final
 
 
+def _monitor_step(monitor: Monitor, step: int, metrics: dict[str, Any]) -> bool:
+    """The monitors over this update's metrics (the same detectors as a text run; a control step has no
+    completions, so the text detectors see none and stay quiet) -> whether an alert asks to stop."""
+    decision = monitor.after_step(step, _NO_COMPLETIONS, metrics)
+    metrics.update(decision.metrics)
+    for alert in decision.alerts:
+        console.print(f"[yellow]monitor alert[/yellow] {alert.detector} at step {step}: {alert.message}")
+    return decision.stop
+
+
+class _NoCompletions:
+    """A control update as a monitor's batch: no completions (its statistics come in the metrics row)."""
+
+    problems: list = []
+    texts: list = []
+    verdicts: list = []
+
+
+_NO_COMPLETIONS = _NoCompletions()
+
+
 def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSink) -> dict[str, Any]:
     """Train a control policy with PPO (docs/control.md); -> the report's control section."""
     c, a, seed = cfg.control, cfg.algo, cfg.train.seed
@@ -139,6 +162,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     learner = PreferenceLearner(c.preferences, obs_dim, act_dim, discrete, a.steps,
                                 torch.Generator().manual_seed(seed + 1)) if c.reward == "preferences" else None
     multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
+    monitor = Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
     start, before = 0, None
     if ckpt is not None:
         state = torch.load(ckpt / STATE_FILE, weights_only=False)  # our own checkpoint: env states are pickled
@@ -174,6 +198,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                 metrics.update(learner.query(step - 1, ro))
                 rewards, spread = learner.rewards(ro)
                 metrics["reward/ensemble_std"] = float(spread.mean())
+                metrics.update(learner.proxy_and_gold(ro))
             # 3. advantages
             adv, ret = rollout_advantages(rewards, ro.values[..., 0], ro.terminated, ro.truncated,
                                           ro.boot_values[..., 0], ro.last_values[:, 0], a.gamma, a.lam)
@@ -199,10 +224,11 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
             metrics.update(last or {})
             if cfg.eval.every and step % cfg.eval.every == 0 and step < a.steps:
                 metrics.update(evaluate(policy, cfg, seed + 10_000))
+            stop = monitor is not None and _monitor_step(monitor, step, metrics)
             sink.log(step, metrics)
             bar.update(task, advance=1, info=f"return {metrics.get('episode/return', float('nan')):.1f}")
             every = cfg.train.checkpoint_every
-            if step == a.steps or (every and step % every == 0):
+            if step == a.steps or stop or (every and step % every == 0):
                 state = {"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
                          "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
                          "collector": collector.state_dict(), "eval_before": before,
@@ -211,14 +237,22 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                     state["learner"] = learner.state_dict()
                     state["learner_generator"] = learner.generator.get_state()
                 _save(out_dir, step, cfg, state, model_config)
+            if stop:
+                console.print(f"monitors stopped the run at step {step}: {monitor.alerts[-1].message}")
+                break
     train_s = time.perf_counter() - t0
+    last_step = step if a.steps > start else start
     after = evaluate(policy, cfg, seed + 10_000)
-    sink.log(a.steps, {"phase": "eval", **after})
+    sink.log(last_step, {"phase": "eval", **after})
     collector.envs.close()
     console.print(f"{c.env}: greedy return {before['eval/return']:.1f} -> {after['eval/return']:.1f} over "
                   f"{c.eval_episodes} held-out episodes")
-    report = {"env": c.env, "reward_signal": c.reward, "env_steps": a.steps * steps_per_update,
+    report = {"env": c.env, "reward_signal": c.reward, "env_steps": last_step * steps_per_update,
               "control_eval_before": before, "control_eval_after": after, "train_seconds": train_s}
+    if monitor is not None:
+        report["alerts"] = alerts_section(out_dir)  # as a text run's report has them
+        if last_step < a.steps:
+            report["stopped_at"] = last_step
     if learner is not None:
         report["labels"] = learner.asked
     return report

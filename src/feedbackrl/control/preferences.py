@@ -189,6 +189,30 @@ class PreferenceLearner:
         rms = mean.pow(2).mean().sqrt().clamp(min=1e-6)
         return mean / rms, per_member.std(0) if per_member.shape[0] > 1 else mean * 0
 
+    @torch.no_grad()
+    def proxy_and_gold(self, ro: Rollout) -> dict[str, float]:
+        """What the monitors compare (`monitor/proxy_mean`, `monitor/gold_mean`): the rollout cut into
+        `segment_len`-step tiles (every environment, starts 0, L, 2L, ...), their mean learned return (ensemble
+        mean) and mean true return, each as a z-score against the same returns of the labelled segments.
+
+        Both are in one unit, the labelled data's spread, so a learned reward that is an increasing affine map
+        of the true one (any scale the retraining gives it) has proxy = gold; a policy that finds where the model
+        is wrong raises the proxy while the gold stays or falls. {} before the first label."""
+        if self.first is None or len(self.labels) < 2:
+            return {}
+        length = self.cfg.segment_len
+        t_len, n_env = ro.rewards.shape
+        starts = torch.arange(0, t_len - length + 1, length).repeat_interleave(n_env)
+        envs = torch.arange(n_env).repeat(len(starts) // n_env)
+        tiles = cut_segments(ro, starts, envs, length, self.n_actions, self.discrete)
+        labelled = Segments.cat([self.first, self.second])
+
+        def z(x: Tensor, ref: Tensor) -> float:
+            return float((x.mean() - ref.mean()) / ref.std().clamp(min=1e-6))
+
+        learned = [segment_returns(self.model(s.obs, s.actions).mean(0), s.mask) for s in (tiles, labelled)]
+        return {"monitor/proxy_mean": z(*learned), "monitor/gold_mean": z(tiles.gold.sum(1), labelled.gold.sum(1))}
+
     def state_dict(self) -> dict[str, Any]:
         seg = (lambda s: None if s is None else vars(s).copy())
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "labels": self.labels,
