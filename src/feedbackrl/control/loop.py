@@ -79,6 +79,32 @@ class _Greedy:
         return self.policy.values(obs)
 
 
+def load_checkpoint(ckpt: Path) -> tuple[ActorCritic, RunConfig]:
+    """A control checkpoint dir -> its policy (in eval mode) and the run's config."""
+    saved = json.loads((ckpt / CONFIG_FILE).read_text())  # every field written; a control run reads these
+    cfg = RunConfig.model_validate({k: saved[k] for k in ("algo", "control", "train", "constraint")
+                                    if saved.get(k) is not None})
+    m = json.loads((ckpt / MODEL_CONFIG).read_text())
+    policy = ActorCritic(m["obs_dim"], m["action_dim"], m["discrete"], m["hidden"], value_heads=m["value_heads"])
+    policy.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=False)["policy"])
+    return policy.eval(), cfg
+
+
+def eval_checkpoint(ckpt: Path, video: Path | None = None, max_steps: int = 500) -> dict[str, Any]:
+    """`feedbackrl eval` of a control run: the greedy held-out evaluation of training (`eval/*`, the same
+    seeds) and, with `video`, a clip (.gif or .mp4) of the first held-out episode, cut at `max_steps`."""
+    policy, cfg = load_checkpoint(ckpt)
+    seed = cfg.train.seed + 10_000
+    result: dict[str, Any] = {"checkpoint": str(ckpt), "env": cfg.control.env, **evaluate(policy, cfg, seed)}
+    if video is not None:
+        from feedbackrl.control.video import record_episode, write_video
+
+        frames, episode = record_episode(policy, cfg.control.env, cfg.control.env_options, seed, max_steps)
+        result["video"] = {"path": str(write_video(frames, video)), "frames": len(frames),
+                           **{f"episode/{k}": v for k, v in episode.items()}}
+    return result
+
+
 def _flat(x: torch.Tensor) -> torch.Tensor:
     """(T, E, ...) -> (T*E, ...)."""
     return x.reshape(-1, *x.shape[2:])
