@@ -193,6 +193,17 @@ class TeacherConfig(Section):
     gamma: float = Field(1.0, gt=0, le=1, description="myopia: step t of an L-step segment weighs gamma^(L-1-t)")
 
 
+class SegmentAppConfig(Section):
+    """Segment-pair labels from the labelling app (control.preferences.labels_from = "app")."""
+
+    labeller: Literal["simulated", "people"] = Field("simulated", description=(
+        "who answers: the simulated teacher of [control.preferences.teacher] through the app's HTTP API, or "
+        "people at the page (the run prints the URL and a labeller token, and waits)"))
+    db: str = Field("", description='labelling database URL or SQLite path; "" = OUT/labels.db')
+    wait_s: float = Field(600, gt=0, description="how long to wait for a round's labels before giving up")
+    fps: int = Field(10, ge=1, le=60, description="frames per second of the clips")
+
+
 class SegmentPrefsConfig(Section):
     """The reward learned from preferences over pairs of trajectory segments (control.reward = 'preferences')."""
 
@@ -209,6 +220,17 @@ class SegmentPrefsConfig(Section):
     lr: float = Field(3e-3, gt=0, le=1, description="Adam learning rate of the reward models")
     hidden: int = Field(64, ge=1, le=4096, description="hidden width of each reward model")
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    labels_from: Literal["teacher", "app"] = Field("teacher", description=(
+        "who labels: the simulated teacher in process, or the labelling app (segment-pair items with two clips; "
+        "[control.preferences.app]), as the online reward-model loop does"))
+    app: SegmentAppConfig = Field(default_factory=SegmentAppConfig)
+
+    @model_validator(mode="after")
+    def _app_needs_the_app(self) -> SegmentPrefsConfig:
+        if "app" in self.model_fields_set and self.labels_from != "app":
+            raise ValueError("[control.preferences.app] configures labels from the labelling app: set "
+                             "control.preferences.labels_from = 'app', or remove the section")
+        return self
 
 
 class ControlConfig(Section):

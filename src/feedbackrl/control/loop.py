@@ -18,6 +18,7 @@ module, not a Hugging Face model; the layout, `checkpoints/step_N/` with `traine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -176,7 +177,17 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     """Train a control policy with PPO (docs/control.md); -> the report's control section."""
     c, a, seed = cfg.control, cfg.algo, cfg.train.seed
     torch.manual_seed(seed)
-    envs = make_vec_env(c.env, c.num_envs, c.env_options)
+    from_app = c.reward == "preferences" and c.preferences.labels_from == "app"
+    stack = contextlib.ExitStack()  # the labelling app, when the labels come from it
+    ask, shrink = None, None
+    if from_app:
+        from feedbackrl.control.app_labels import AppLabels
+        from feedbackrl.control.video import headless, shrink
+
+        headless()
+        ask = stack.enter_context(AppLabels(cfg, out_dir))
+    # the app's clips are rendered from the training environments (rendering changes nothing else)
+    envs = make_vec_env(c.env, c.num_envs, {**c.env_options, **({"render_mode": "rgb_array"} if from_app else {})})
     obs_dim, act_dim, discrete = space_dims(envs)
     heads = 2 if cfg.constraint is not None else 1
     policy = ActorCritic(obs_dim, act_dim, discrete, c.hidden, value_heads=heads)
@@ -186,7 +197,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     gen = torch.Generator().manual_seed(seed)
     collector = Collector(envs, seed, _cost_fn(c.cost))
     learner = PreferenceLearner(c.preferences, obs_dim, act_dim, discrete, a.steps,
-                                torch.Generator().manual_seed(seed + 1)) if c.reward == "preferences" else None
+                                torch.Generator().manual_seed(seed + 1), ask) if c.reward == "preferences" else None
     multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
     monitor = Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
     start, before = 0, None
@@ -208,14 +219,15 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
         sink.log(0, {"phase": "eval", **before})
     steps_per_update = c.num_envs * c.rollout_steps
     t0, last = time.perf_counter(), None
-    with progress() as bar:
+    with stack, progress() as bar:
         task = bar.add_task("control_ppo", total=a.steps, completed=start, info="")
         for step in range(start + 1, a.steps + 1):
             for group in optimizer.param_groups:  # linear annealing to 0, as CleanRL and SB3's examples do
                 group["lr"] = a.lr * (1.0 - (step - 1) / a.steps)
             # 1. roll out
             t_roll = time.perf_counter()
-            ro = collector.collect(policy, c.rollout_steps, gen)
+            clips = shrink if learner is not None and ask is not None and learner.round_due(step - 1) else None
+            ro = collector.collect(policy, c.rollout_steps, gen, clips)
             roll_s = time.perf_counter() - t_roll
             metrics: dict[str, Any] = {"phase": "rl", "env_steps": step * steps_per_update}
             # 2. the reward the policy learns from
@@ -281,4 +293,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
             report["stopped_at"] = last_step
     if learner is not None:
         report["labels"] = learner.asked
+    if ask is not None:
+        report["app_labels"] = {"project_id": ask.api.project, "items": ask.asked_items,
+                                "labelled_pairs": len(learner.labels), "labeller": c.preferences.app.labeller}
     return report

@@ -8,6 +8,8 @@ at most `max_width` pixels across: a 600 x 400 CartPole frame becomes 300 x 200.
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +26,31 @@ FORMATS = (".gif", ".mp4")
 
 
 def shrink(frame: np.ndarray, max_width: int = MAX_WIDTH) -> np.ndarray:
-    """(H, W, 3) -> at most `max_width` pixels across, the aspect kept; box-filtered (a thin line such as
-    CartPole's track survives, where taking every s-th pixel drops it)."""
+    """(H, W, 3) -> the mean of each k x k block (Pillow's `reduce`), k the smallest integer with
+    W / k <= max_width: a box filter, so a thin line such as CartPole's track survives, where taking every
+    k-th pixel drops it."""
     from PIL import Image
 
-    h, w = frame.shape[:2]
-    if w <= max_width:
-        return np.ascontiguousarray(frame[..., :3])
-    size = (max_width, max(1, round(h * max_width / w)))
-    return np.asarray(Image.fromarray(np.ascontiguousarray(frame[..., :3])).resize(size, Image.Resampling.BOX))
+    k = max(1, -(-frame.shape[1] // max_width))
+    rgb = np.ascontiguousarray(frame[..., :3])
+    return rgb if k == 1 else np.asarray(Image.fromarray(rgb).reduce(k))
 
 
-def encode_gif(frames: list[np.ndarray], fps: int = FPS) -> bytes:
-    """Frames (H, W, 3) uint8 -> the bytes of a looping animated GIF."""
-    import imageio.v3 as iio
+def encode_gif(frames: list[np.ndarray], fps: int = FPS, colors: int = 64) -> bytes:
+    """Frames (H, W, 3) uint8 -> the bytes of a looping animated GIF.
+
+    One palette for the whole clip (Pillow's fast octree over all its frames, `colors` entries) and no
+    dithering: rendered environments have few flat colours, and Pillow's default, a median cut per frame, is
+    about 3 times slower (0.31 s against 0.09 s for 25 CartPole frames here)."""
+    from PIL import Image
 
     if not frames:
         raise ValueError("a clip needs at least one frame")
-    return iio.imwrite("<bytes>", np.stack(frames), extension=".gif", duration=1000 / fps, loop=0)
+    palette = Image.fromarray(np.concatenate(frames, axis=0)).quantize(colors=colors, method=Image.Quantize.FASTOCTREE)
+    images = [Image.fromarray(f).quantize(palette=palette, dither=Image.Dither.NONE) for f in frames]
+    out = io.BytesIO()
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+    return out.getvalue()
 
 
 def write_video(frames: list[np.ndarray], path: Path, fps: int = FPS) -> Path:
@@ -66,8 +75,15 @@ def write_video(frames: list[np.ndarray], path: Path, fps: int = FPS) -> Path:
     return path
 
 
+def headless() -> None:
+    """Render off-screen: SDL (pygame, which draws classic control) must not look for a display."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+
 def render_env(env_id: str, options: dict[str, Any]) -> gym.Env:
     """One environment that renders `rgb_array` frames (classic control needs pygame for it)."""
+    headless()
     try:
         return gym.make(env_id, render_mode="rgb_array", **options)
     except gym.error.DependencyNotInstalled as e:
