@@ -106,8 +106,8 @@ class Collector:
     def state_dict(self) -> dict[str, Any]:
         # gymnasium environments carry their state in plain attributes and numpy generators: pickling the
         # sub-environments (between rollouts; the vector env's own factories are lambdas) keeps every episode
-        return {"envs": _dumps_without_screens(self.envs.envs), "obs": self.obs.copy(), "ep_return": self.ep_return.copy(),
-                "ep_len": self.ep_len.copy(), "ep_cost": self.ep_cost.copy()}
+        return {"envs": _dumps_without_screens(self.envs.envs), "obs": self.obs.copy(),
+                "ep_return": self.ep_return.copy(), "ep_len": self.ep_len.copy(), "ep_cost": self.ep_cost.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.envs.envs = pickle.loads(state["envs"])

@@ -21,9 +21,9 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
 from feedbackrl.feedback import labels as L
+from feedbackrl.feedback.auth import COOKIE, check_csrf, csrf_token, request_token, signed_in
 from feedbackrl.feedback.clips import PREFIX as CLIP_PREFIX
 from feedbackrl.feedback.clips import get_clip
-from feedbackrl.feedback.auth import COOKIE, check_csrf, csrf_token, request_token, signed_in
 from feedbackrl.feedback.security import MAX_ID, Id, check_same_origin
 from feedbackrl.feedback.store import (
     FeedbackError,

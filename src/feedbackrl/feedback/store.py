@@ -25,12 +25,12 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     Boolean,
-    LargeBinary,
     DateTime,
     Engine,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
