@@ -227,7 +227,7 @@ class SegmentPrefsConfig(Section):
 
     @model_validator(mode="after")
     def _app_needs_the_app(self) -> SegmentPrefsConfig:
-        if "app" in self.model_fields_set and self.labels_from != "app":
+        if self.labels_from != "app" and self.app != SegmentAppConfig():  # (a saved config holds the defaults)
             raise ValueError("[control.preferences.app] configures labels from the labelling app: set "
                              "control.preferences.labels_from = 'app', or remove the section")
         return self
