@@ -9,9 +9,11 @@ combined with `algos.constrained.combined_advantages` under the text loop's `tra
 minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log, checkpoint.
 
 Shared with the text loops: the losses and advantages in `algos/`, the `Multiplier`, the metrics sink and the
-report and plot of the run path (`train/run.py` runs this as a whole-run entry). Not shared yet: the loop
-itself (a control rollout is (T, E) environment steps, not token sequences of a language model), the
-monitors (their step records hold completions), and the checkpoint writer (the policy is a plain torch
+report and plot of the run path (`train/run.py` runs this as a whole-run entry), the monitors (their detectors
+read this loop's metric rows; with a learned reward, `monitor/proxy_mean` and `monitor/gold_mean` feed
+`proxy_gold`), and, with control.preferences.labels_from = "app", the labelling app and the online loop's
+`LabelQueue` (control/app_labels.py). Not shared yet: the loop itself (a control rollout is (T, E)
+environment steps, not token sequences of a language model), and the checkpoint writer (the policy is a plain torch
 module, not a Hugging Face model; the layout, `checkpoints/step_N/` with `trainer_state.pt` and
 `run_config.json`, is the same, so `--resume` takes a run or a checkpoint directory alike).
 """
