@@ -69,3 +69,44 @@ def test_app_settings_without_app_labels_are_refused():
     with pytest.raises(ConfigError, match="labels_from = 'app'"):
         build_config({"algo": {"name": "control_ppo"},
                       "control": {"reward": "preferences", "preferences": {"app": {"wait_s": 5}}}})
+
+
+def test_people_label_at_the_app_the_run_waits_for_them(tmp_path):
+    # labeller = "people": the run prints a login URL and a token and waits; here a "person" answers over HTTP
+    import threading
+    import time
+
+    import httpx
+
+    cfg = _cfg(steps=1, labels=4, rounds=1, segment_len=8, num_envs=2, rollout_steps=32)
+    cfg.control.preferences.app.labeller = "people"
+    cfg.control.preferences.app.wait_s = 120
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(run(cfg, tmp_path)), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "labelling.json").exists():
+        assert time.monotonic() < deadline and worker.is_alive(), "the run never opened the app"
+        time.sleep(0.1)
+    where = json.loads((tmp_path / "labelling.json").read_text())
+    answered = 0
+    with httpx.Client(base_url=where["login"].removesuffix("/login"), timeout=30,
+                      headers={"Authorization": f"Bearer {where['token']}"}) as c:
+        while answered < 4:
+            item = c.get(f"/api/projects/{where['project']}/next").json()["item"]
+            if item is None:
+                assert worker.is_alive() and time.monotonic() < deadline, f"the run ended after {answered} items"
+                time.sleep(0.1)
+                continue
+            assert all(r.startswith("clip:") for r in item["responses"])
+            clip = c.get(f"/projects/{where['project']}/clips/{item['responses'][0].removeprefix('clip:')}")
+            assert clip.status_code == 200 and clip.content[:6] == b"GIF89a"
+            c.post(f"/api/projects/{where['project']}/labels",
+                   json={"submission_id": f"p{answered}", "item_id": item["id"], "choice": "a"}).raise_for_status()
+            answered += 1
+    worker.join(timeout=120)
+    assert result["app_labels"] == {"project_id": where["project"], "items": 4, "labelled_pairs": 4,
+                                    "labeller": "people"}
+    state = torch.load(sorted((tmp_path / "checkpoints").glob("step_*"))[-1] / "trainer_state.pt",
+                       weights_only=False)["learner"]
+    assert state["labels"].tolist() == [1.0] * 4  # "a" is the first segment of each pair
