@@ -55,17 +55,32 @@ def train(recipe: Annotated[Path, typer.Argument(help="recipe TOML file")],
 def eval_(model: Annotated[str, typer.Argument(help="model dir, checkpoint dir or hub id")],
           recipe: Annotated[Path | None, typer.Option(help="recipe whose task and eval sections to use")] = None,
           set_: Annotated[list[str] | None, typer.Option("--set", help="override, e.g. task.name=addition")] = None,
-          out: Annotated[Path | None, typer.Option(help="write the result JSON here")] = None) -> None:
-    """Evaluate a checkpoint on a task's held-out problems (greedy pass@1 and pass@k)."""
-    from feedbackrl.config import load_config
-    from feedbackrl.envs.registry import make_task
-    from feedbackrl.models.load import load_policy, load_tokenizer
-    from feedbackrl.train.run import model_task, run_eval, set_threads
+          out: Annotated[Path | None, typer.Option(help="write the result JSON here")] = None,
+          video: Annotated[Path | None, typer.Option(help="control runs: a clip of the first held-out episode "
+                                                     "(.gif or .mp4)")] = None,
+          max_steps: Annotated[int, typer.Option(min=1, help="control runs: the clip's episode is cut here")] = 500,
+          ) -> None:
+    """Evaluate a checkpoint on a task's held-out problems (greedy pass@1 and pass@k); a control run (its dir or
+    a checkpoint) on its greedy held-out episodes, with --video a clip of one."""
+    from feedbackrl.train.run import control_checkpoint, eval_control
 
-    cfg = load_config(recipe, set_ or [])
-    set_threads(cfg.train.threads)
-    policy, tokenizer = load_policy(model), load_tokenizer(model)
-    result = run_eval(policy, tokenizer, model_task(cfg, make_task(cfg.task), tokenizer), cfg).to_dict()
+    ckpt = control_checkpoint(model)
+    if ckpt is not None:
+        if recipe is not None or set_:
+            fail("a control checkpoint is evaluated with the config it was trained with: drop --recipe and --set")
+        result = eval_control(ckpt, video, max_steps)
+    elif video is not None:
+        fail(f"--video records a control policy; {model} is not a control run or checkpoint")
+    else:
+        from feedbackrl.config import load_config
+        from feedbackrl.envs.registry import make_task
+        from feedbackrl.models.load import load_policy, load_tokenizer
+        from feedbackrl.train.run import model_task, run_eval, set_threads
+
+        cfg = load_config(recipe, set_ or [])
+        set_threads(cfg.train.threads)
+        policy, tokenizer = load_policy(model), load_tokenizer(model)
+        result = run_eval(policy, tokenizer, model_task(cfg, make_task(cfg.task), tokenizer), cfg).to_dict()
     text = json.dumps(result, indent=2)
     if out:
         out.write_text(text)

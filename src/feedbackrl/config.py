@@ -193,6 +193,17 @@ class TeacherConfig(Section):
     gamma: float = Field(1.0, gt=0, le=1, description="myopia: step t of an L-step segment weighs gamma^(L-1-t)")
 
 
+class SegmentAppConfig(Section):
+    """Segment-pair labels from the labelling app (control.preferences.labels_from = "app")."""
+
+    labeller: Literal["simulated", "people"] = Field("simulated", description=(
+        "who answers: the simulated teacher of [control.preferences.teacher] through the app's HTTP API, or "
+        "people at the page (the run prints the URL and a labeller token, and waits)"))
+    db: str = Field("", description='labelling database URL or SQLite path; "" = OUT/labels.db')
+    wait_s: float = Field(600, gt=0, description="how long to wait for a round's labels before giving up")
+    fps: int = Field(10, ge=1, le=60, description="frames per second of the clips")
+
+
 class SegmentPrefsConfig(Section):
     """The reward learned from preferences over pairs of trajectory segments (control.reward = 'preferences')."""
 
@@ -209,6 +220,17 @@ class SegmentPrefsConfig(Section):
     lr: float = Field(3e-3, gt=0, le=1, description="Adam learning rate of the reward models")
     hidden: int = Field(64, ge=1, le=4096, description="hidden width of each reward model")
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    labels_from: Literal["teacher", "app"] = Field("teacher", description=(
+        "who labels: the simulated teacher in process, or the labelling app (segment-pair items with two clips; "
+        "[control.preferences.app]), as the online reward-model loop does"))
+    app: SegmentAppConfig = Field(default_factory=SegmentAppConfig)
+
+    @model_validator(mode="after")
+    def _app_needs_the_app(self) -> SegmentPrefsConfig:
+        if self.labels_from != "app" and self.app != SegmentAppConfig():  # (a saved config holds the defaults)
+            raise ValueError("[control.preferences.app] configures labels from the labelling app: set "
+                             "control.preferences.labels_from = 'app', or remove the section")
+        return self
 
 
 class ControlConfig(Section):
@@ -502,7 +524,7 @@ class ScaleConfig(Section):
 
 # what a control run (`[control]`) has no use for: given in its recipe, they are refused rather than ignored
 LANGUAGE_MODEL_SECTIONS = ("model", "lora", "task", "sft", "rollout", "reward", "release", "prefs", "online",
-                           "monitors", "scale")
+                           "scale")
 
 
 class RunConfig(Section):
@@ -633,6 +655,14 @@ class RunConfig(Section):
                              f"'control_ppo') does not use: remove {', '.join(f'[{k}]' for k in given)}")
         if self.constraint is not None and not c.cost:
             raise ValueError("[constraint] keeps control.cost under constraint.threshold: set control.cost")
+        m = self.monitors
+        refused = {d: x for d, x in m.actions.items() if x not in ("log", "stop")}
+        if refused:
+            raise ValueError(f"monitors.actions {refused}: a control run's monitors can log or stop (rollback and "
+                             "raise_kl act on a language model's checkpoints and KL coefficient)")
+        if m.gold_every or m.audit.every:
+            raise ValueError("monitors.gold_every and monitors.audit check text completions; a control run's gold "
+                             "is the environment's return, compared with the learned reward at every step")
         if c.reward == "preferences" and c.preferences.segment_len > c.rollout_steps:
             raise ValueError(f"control.preferences.segment_len = {c.preferences.segment_len} is longer than a "
                              f"rollout (control.rollout_steps = {c.rollout_steps}), where segments are cut from")

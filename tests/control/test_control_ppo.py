@@ -99,8 +99,8 @@ def test_continuous_actions_run_on_pendulum(tmp_path):
     ({"algo": {"name": "control_ppo"}, "control": {}, "cost": {"source": "regex", "pattern": "a"}},
      "a control run's cost is control.cost"),
     ({"algo": {"name": "control_ppo"}, "control": {}, "eval": {"every": 5, "pass_k": 2}}, "eval.pass_k is a setting"),
-    ({"algo": {"name": "control_ppo"}, "control": {}, "sft": {"steps": 3}, "monitors": {"enabled": False}},
-     r"\[sft\] is a section of language-model runs.*remove \[sft\], \[monitors\]"),
+    ({"algo": {"name": "control_ppo"}, "control": {}, "sft": {"steps": 3}, "online": {"labels": 5}},
+     r"\[sft\] is a section of language-model runs.*remove \[sft\], \[online\]"),
     ({"algo": {"name": "control_ppo"}, "control": {"reward": "preferences", "rollout_steps": 16,
                                                    "preferences": {"segment_len": 32}}}, "longer than a rollout"),
 ])

@@ -90,7 +90,7 @@ def test_reward_model_learns_which_segments_keep_the_pole_up():
     stats = learner.query(0, ro_train)
     assert stats["prefs/labels"] == 200
     # held-out pairs from another rollout that differ in true return: the ensemble orders most of them right
-    a, b = learner._candidates(ro_test, 400)
+    a, b, _, _ = learner._candidates(ro_test, 400)
     true_diff = a.gold.sum(1) - b.gold.sum(1)
     with torch.no_grad():
         pred = (segment_returns(learner.model(a.obs, a.actions), a.mask)
@@ -106,7 +106,7 @@ def test_disagreement_selection_labels_the_most_disputed_candidates():
     learner = PreferenceLearner(cfg, 4, 2, True, total_steps=4, generator=torch.Generator().manual_seed(0))
     learner.query(0, ro)  # round 1: 10 labels; the members now differ
     saved = learner.generator.get_state()
-    a, b = learner._candidates(ro, 10 * 8)  # the candidates round 2 will draw: 8 per label
+    a, b, _, _ = learner._candidates(ro, 10 * 8)  # the candidates round 2 will draw: 8 per label
     spread = learner._disagreement(a, b)
     top = torch.topk(spread, 10).indices
     learner.generator.set_state(saved)

@@ -28,7 +28,7 @@ from feedbackrl.feedback.store import add_member, create_labeller, create_projec
 PG_URL = os.environ.get("FEEDBACKRL_TEST_PG_URL")
 NO_PG = "FEEDBACKRL_TEST_PG_URL is unset: no PostgreSQL server to test against (.ci/run starts one)"
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(not PG_URL, reason=NO_PG))]
-TABLES = "labels, memberships, items, labellers, projects"
+TABLES = "labels, memberships, clips, items, labellers, projects"
 
 
 def _admin_engine():

@@ -47,7 +47,7 @@ def test_migrated_schema_matches_the_models(sessions):
     with sessions() as s:
         diffs = compare_metadata(MigrationContext.configure(s.connection()), Base.metadata)
         version = s.scalar(text("SELECT version_num FROM alembic_version"))
-    assert diffs == [] and version == "0002"
+    assert diffs == [] and version == "0003"
 
 
 def test_tokens_are_stored_hashed_and_rotate(sessions):

@@ -9,15 +9,18 @@ combined with `algos.constrained.combined_advantages` under the text loop's `tra
 minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log, checkpoint.
 
 Shared with the text loops: the losses and advantages in `algos/`, the `Multiplier`, the metrics sink and the
-report and plot of the run path (`train/run.py` runs this as a whole-run entry). Not shared yet: the loop
-itself (a control rollout is (T, E) environment steps, not token sequences of a language model), the
-monitors (their step records hold completions), and the checkpoint writer (the policy is a plain torch
+report and plot of the run path (`train/run.py` runs this as a whole-run entry), the monitors (their detectors
+read this loop's metric rows; with a learned reward, `monitor/proxy_mean` and `monitor/gold_mean` feed
+`proxy_gold`), and, with control.preferences.labels_from = "app", the labelling app and the online loop's
+`LabelQueue` (control/app_labels.py). Not shared yet: the loop itself (a control rollout is (T, E)
+environment steps, not token sequences of a language model), and the checkpoint writer (the policy is a plain torch
 module, not a Hugging Face model; the layout, `checkpoints/step_N/` with `trainer_state.pt` and
 `run_config.json`, is the same, so `--resume` takes a run or a checkpoint directory alike).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -35,6 +38,8 @@ from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
 from feedbackrl.control.rollout import Collector, Rollout, rollout_advantages
 from feedbackrl.log import MetricsSink, console, progress
+from feedbackrl.monitors.monitor import Monitor
+from feedbackrl.monitors.report import alerts_section
 from feedbackrl.train.constraint import Multiplier
 
 STATE_FILE, CONFIG_FILE, MODEL_CONFIG = "trainer_state.pt", "run_config.json", "config.json"
@@ -75,6 +80,32 @@ class _Greedy:
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         return self.policy.values(obs)
+
+
+def load_checkpoint(ckpt: Path) -> tuple[ActorCritic, RunConfig]:
+    """A control checkpoint dir -> its policy (in eval mode) and the run's config."""
+    saved = json.loads((ckpt / CONFIG_FILE).read_text())  # every field written; a control run reads these
+    cfg = RunConfig.model_validate({k: saved[k] for k in ("algo", "control", "train", "constraint")
+                                    if saved.get(k) is not None})
+    m = json.loads((ckpt / MODEL_CONFIG).read_text())
+    policy = ActorCritic(m["obs_dim"], m["action_dim"], m["discrete"], m["hidden"], value_heads=m["value_heads"])
+    policy.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=False)["policy"])
+    return policy.eval(), cfg
+
+
+def eval_checkpoint(ckpt: Path, video: Path | None = None, max_steps: int = 500) -> dict[str, Any]:
+    """`feedbackrl eval` of a control run: the greedy held-out evaluation of training (`eval/*`, the same
+    seeds) and, with `video`, a clip (.gif or .mp4) of the first held-out episode, cut at `max_steps`."""
+    policy, cfg = load_checkpoint(ckpt)
+    seed = cfg.train.seed + 10_000
+    result: dict[str, Any] = {"checkpoint": str(ckpt), "env": cfg.control.env, **evaluate(policy, cfg, seed)}
+    if video is not None:
+        from feedbackrl.control.video import record_episode, write_video
+
+        frames, episode = record_episode(policy, cfg.control.env, cfg.control.env_options, seed, max_steps)
+        result["video"] = {"path": str(write_video(frames, video)), "frames": len(frames),
+                           **{f"episode/{k}": v for k, v in episode.items()}}
+    return result
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -123,11 +154,42 @@ def _save(out_dir: Path, step: int, cfg: RunConfig, state: dict[str, Any], model
     return final
 
 
+def _monitor_step(monitor: Monitor, step: int, metrics: dict[str, Any]) -> bool:
+    """The monitors over this update's metrics (the same detectors as a text run; a control step has no
+    completions, so the text detectors see none and stay quiet) -> whether an alert asks to stop."""
+    decision = monitor.after_step(step, _NO_COMPLETIONS, metrics)
+    metrics.update(decision.metrics)
+    for alert in decision.alerts:
+        console.print(f"[yellow]monitor alert[/yellow] {alert.detector} at step {step}: {alert.message}")
+    return decision.stop
+
+
+class _NoCompletions:
+    """A control update as a monitor's batch: no completions (its statistics come in the metrics row)."""
+
+    problems: list = []
+    texts: list = []
+    verdicts: list = []
+
+
+_NO_COMPLETIONS = _NoCompletions()
+
+
 def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSink) -> dict[str, Any]:
     """Train a control policy with PPO (docs/control.md); -> the report's control section."""
     c, a, seed = cfg.control, cfg.algo, cfg.train.seed
     torch.manual_seed(seed)
-    envs = make_vec_env(c.env, c.num_envs, c.env_options)
+    from_app = c.reward == "preferences" and c.preferences.labels_from == "app"
+    stack = contextlib.ExitStack()  # the labelling app, when the labels come from it
+    ask, shrink = None, None
+    if from_app:
+        from feedbackrl.control.app_labels import AppLabels
+        from feedbackrl.control.video import headless, shrink
+
+        headless()
+        ask = stack.enter_context(AppLabels(cfg, out_dir))
+    # the app's clips are rendered from the training environments (rendering changes nothing else)
+    envs = make_vec_env(c.env, c.num_envs, {**c.env_options, **({"render_mode": "rgb_array"} if from_app else {})})
     obs_dim, act_dim, discrete = space_dims(envs)
     heads = 2 if cfg.constraint is not None else 1
     policy = ActorCritic(obs_dim, act_dim, discrete, c.hidden, value_heads=heads)
@@ -137,8 +199,9 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     gen = torch.Generator().manual_seed(seed)
     collector = Collector(envs, seed, _cost_fn(c.cost))
     learner = PreferenceLearner(c.preferences, obs_dim, act_dim, discrete, a.steps,
-                                torch.Generator().manual_seed(seed + 1)) if c.reward == "preferences" else None
+                                torch.Generator().manual_seed(seed + 1), ask) if c.reward == "preferences" else None
     multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
+    monitor = Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
     start, before = 0, None
     if ckpt is not None:
         state = torch.load(ckpt / STATE_FILE, weights_only=False)  # our own checkpoint: env states are pickled
@@ -158,14 +221,15 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
         sink.log(0, {"phase": "eval", **before})
     steps_per_update = c.num_envs * c.rollout_steps
     t0, last = time.perf_counter(), None
-    with progress() as bar:
+    with stack, progress() as bar:
         task = bar.add_task("control_ppo", total=a.steps, completed=start, info="")
         for step in range(start + 1, a.steps + 1):
             for group in optimizer.param_groups:  # linear annealing to 0, as CleanRL and SB3's examples do
                 group["lr"] = a.lr * (1.0 - (step - 1) / a.steps)
             # 1. roll out
             t_roll = time.perf_counter()
-            ro = collector.collect(policy, c.rollout_steps, gen)
+            clips = shrink if learner is not None and ask is not None and learner.round_due(step - 1) else None
+            ro = collector.collect(policy, c.rollout_steps, gen, clips)
             roll_s = time.perf_counter() - t_roll
             metrics: dict[str, Any] = {"phase": "rl", "env_steps": step * steps_per_update}
             # 2. the reward the policy learns from
@@ -174,6 +238,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                 metrics.update(learner.query(step - 1, ro))
                 rewards, spread = learner.rewards(ro)
                 metrics["reward/ensemble_std"] = float(spread.mean())
+                metrics.update(learner.proxy_and_gold(ro))
             # 3. advantages
             adv, ret = rollout_advantages(rewards, ro.values[..., 0], ro.terminated, ro.truncated,
                                           ro.boot_values[..., 0], ro.last_values[:, 0], a.gamma, a.lam)
@@ -199,10 +264,11 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
             metrics.update(last or {})
             if cfg.eval.every and step % cfg.eval.every == 0 and step < a.steps:
                 metrics.update(evaluate(policy, cfg, seed + 10_000))
+            stop = monitor is not None and _monitor_step(monitor, step, metrics)
             sink.log(step, metrics)
             bar.update(task, advance=1, info=f"return {metrics.get('episode/return', float('nan')):.1f}")
             every = cfg.train.checkpoint_every
-            if step == a.steps or (every and step % every == 0):
+            if step == a.steps or stop or (every and step % every == 0):
                 state = {"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
                          "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
                          "collector": collector.state_dict(), "eval_before": before,
@@ -211,14 +277,25 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                     state["learner"] = learner.state_dict()
                     state["learner_generator"] = learner.generator.get_state()
                 _save(out_dir, step, cfg, state, model_config)
+            if stop:
+                console.print(f"monitors stopped the run at step {step}: {monitor.alerts[-1].message}")
+                break
     train_s = time.perf_counter() - t0
+    last_step = step if a.steps > start else start
     after = evaluate(policy, cfg, seed + 10_000)
-    sink.log(a.steps, {"phase": "eval", **after})
+    sink.log(last_step, {"phase": "eval", **after})
     collector.envs.close()
     console.print(f"{c.env}: greedy return {before['eval/return']:.1f} -> {after['eval/return']:.1f} over "
                   f"{c.eval_episodes} held-out episodes")
-    report = {"env": c.env, "reward_signal": c.reward, "env_steps": a.steps * steps_per_update,
+    report = {"env": c.env, "reward_signal": c.reward, "env_steps": last_step * steps_per_update,
               "control_eval_before": before, "control_eval_after": after, "train_seconds": train_s}
+    if monitor is not None:
+        report["alerts"] = alerts_section(out_dir)  # as a text run's report has them
+        if last_step < a.steps:
+            report["stopped_at"] = last_step
     if learner is not None:
         report["labels"] = learner.asked
+    if ask is not None:
+        report["app_labels"] = {"project_id": ask.api.project, "items": ask.asked_items,
+                                "labelled_pairs": len(learner.labels), "labeller": c.preferences.app.labeller}
     return report

@@ -27,6 +27,7 @@ round retrains all members for `epochs` full-batch steps on all labels so far, w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,12 +114,18 @@ def round_budgets(cfg: SegmentPrefsConfig, rounds: int) -> list[int]:
     return out
 
 
+# Who labels a round's pairs, when not the in-process teacher (control/app_labels.py: the labelling app):
+# (step, first, second, where_first, where_second, rollout) -> (N,) labels 1 / 0 / 0.5 / NaN, the teacher's code
+Ask = Callable[[int, Segments, Segments, Tensor, Tensor, Rollout], Tensor]
+
+
 class PreferenceLearner:
     """The labelled pairs, the ensemble and its optimizer; `query` runs a round, `rewards` scores a rollout."""
 
     def __init__(self, cfg: SegmentPrefsConfig, obs_dim: int, n_actions: int, discrete: bool, total_steps: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, ask: Ask | None = None) -> None:
         self.cfg, self.n_actions, self.discrete, self.generator = cfg, n_actions, discrete, generator
+        self.ask = ask  # who labels; None: the simulated teacher, in process
         t = cfg.teacher
         self.teacher = Teacher(t.beta, t.mistake, t.skip_below, t.equal_within, t.gamma)
         self.model = Ensemble(obs_dim + n_actions, cfg.hidden, cfg.ensemble)
@@ -131,12 +138,14 @@ class PreferenceLearner:
         self.labels = torch.zeros(0)
         self.asked = 0  # queries put to the teacher (skipped ones included: each costs a label)
 
-    def _candidates(self, ro: Rollout, n: int) -> tuple[Segments, Segments]:
+    def _candidates(self, ro: Rollout, n: int) -> tuple[Segments, Segments, Tensor, Tensor]:
+        """n candidate pairs -> the two sides' segments and where each was cut, (n, 2) (start step, env)."""
         t_len, n_env = ro.rewards.shape
         length = self.cfg.segment_len
         picks = [(torch.randint(0, t_len - length + 1, (n,), generator=self.generator),
                   torch.randint(0, n_env, (n,), generator=self.generator)) for _ in range(2)]
-        return tuple(cut_segments(ro, s, e, length, self.n_actions, self.discrete) for s, e in picks)
+        a, b = (cut_segments(ro, s, e, length, self.n_actions, self.discrete) for s, e in picks)
+        return a, b, torch.stack(picks[0], 1), torch.stack(picks[1], 1)
 
     @torch.no_grad()
     def _disagreement(self, a: Segments, b: Segments) -> Tensor:
@@ -144,17 +153,23 @@ class PreferenceLearner:
                           - segment_returns(self.model(b.obs, b.actions), b.mask))  # (K, N)
         return p.std(0) if p.shape[0] > 1 else torch.zeros(p.shape[1])
 
+    def round_due(self, step: int) -> bool:
+        return self.schedule.get(step, 0) > 0
+
     def query(self, step: int, ro: Rollout) -> dict[str, float]:
         """A labelling round when `step` is on the schedule: choose pairs, ask the teacher, retrain."""
         want = self.schedule.get(step, 0)
         if not want:
             return {}
         n_cand = want * (self.cfg.pool if self.cfg.selection == "disagreement" else 1)
-        a, b = self._candidates(ro, n_cand)
+        a, b, where_a, where_b = self._candidates(ro, n_cand)
         if self.cfg.selection == "disagreement" and n_cand > want:
             keep = torch.topk(self._disagreement(a, b), want).indices
-            a, b = a[keep], b[keep]
-        labels = self.teacher.label(a.gold, b.gold, self.generator)
+            a, b, where_a, where_b = a[keep], b[keep], where_a[keep], where_b[keep]
+        if self.ask is None:
+            labels = self.teacher.label(a.gold, b.gold, self.generator)
+        else:
+            labels = self.ask(step, a, b, where_a, where_b, ro)
         self.asked += want
         kept = ~torch.isnan(labels)
         a, b, labels = a[kept], b[kept], labels[kept]
@@ -188,6 +203,30 @@ class PreferenceLearner:
         mean = per_member.mean(0)
         rms = mean.pow(2).mean().sqrt().clamp(min=1e-6)
         return mean / rms, per_member.std(0) if per_member.shape[0] > 1 else mean * 0
+
+    @torch.no_grad()
+    def proxy_and_gold(self, ro: Rollout) -> dict[str, float]:
+        """What the monitors compare (`monitor/proxy_mean`, `monitor/gold_mean`): the rollout cut into
+        `segment_len`-step tiles (every environment, starts 0, L, 2L, ...), their mean learned return (ensemble
+        mean) and mean true return, each as a z-score against the same returns of the labelled segments.
+
+        Both are in one unit, the labelled data's spread, so a learned reward that is an increasing affine map
+        of the true one (any scale the retraining gives it) has proxy = gold; a policy that finds where the model
+        is wrong raises the proxy while the gold stays or falls. {} before the first label."""
+        if self.first is None or len(self.labels) < 2:
+            return {}
+        length = self.cfg.segment_len
+        t_len, n_env = ro.rewards.shape
+        starts = torch.arange(0, t_len - length + 1, length).repeat_interleave(n_env)
+        envs = torch.arange(n_env).repeat(len(starts) // n_env)
+        tiles = cut_segments(ro, starts, envs, length, self.n_actions, self.discrete)
+        labelled = Segments.cat([self.first, self.second])
+
+        def z(x: Tensor, ref: Tensor) -> float:
+            return float((x.mean() - ref.mean()) / ref.std().clamp(min=1e-6))
+
+        learned = [segment_returns(self.model(s.obs, s.actions).mean(0), s.mask) for s in (tiles, labelled)]
+        return {"monitor/proxy_mean": z(*learned), "monitor/gold_mean": z(tiles.gold.sum(1), labelled.gold.sum(1))}
 
     def state_dict(self) -> dict[str, Any]:
         seg = (lambda s: None if s is None else vars(s).copy())

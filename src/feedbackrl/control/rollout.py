@@ -14,7 +14,9 @@ reward); `tests/control/test_rollout_gae.py` checks the two agree on one rollout
 
 from __future__ import annotations
 
+import io
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,7 @@ class Rollout:
     boot_values: Tensor  # (T, E, H): V(final obs) where truncated, else 0
     last_values: Tensor  # (E, H): V of the observation after the rollout
     episodes: list[dict[str, float]]  # episodes finished in this rollout: env index, return, length, cost
+    frames: list[list[Any]] | None = None  # [T][E] rgb frames of the state each action was taken in, if asked
 
     @property
     def dones(self) -> Tensor:
@@ -58,12 +61,18 @@ class Collector:
         self.ep_return, self.ep_len, self.ep_cost = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n)
 
     @torch.no_grad()
-    def collect(self, policy: ActorCritic, steps: int, generator: torch.Generator) -> Rollout:
+    def collect(self, policy: ActorCritic, steps: int, generator: torch.Generator,
+                frames: Callable[[Any], Any] | None = None) -> Rollout:
+        """`frames`: keep `frames(image)` of every environment before each step (`envs.render()`; the envs
+        must be made with render_mode="rgb_array"), e.g. shrunk for the clips of a labelling round."""
         n, heads = self.envs.num_envs, policy.critic[-1].out_features
         buf: dict[str, list[Any]] = {k: [] for k in ("obs", "actions", "logprobs", "values", "rewards", "costs",
                                                      "terminated", "truncated", "boot")}
         episodes: list[dict[str, float]] = []
+        shown: list[list[Any]] = []
         for _ in range(steps):
+            if frames is not None:
+                shown.append([frames(image) for image in self.envs.render()])
             obs_t = torch.as_tensor(self.obs, dtype=torch.float32)
             actions, logp, values = policy.act(obs_t, generator)
             nxt, reward, term, trunc, info = self.envs.step(env_action(self.envs, actions.numpy()))
@@ -91,18 +100,39 @@ class Collector:
         last = policy.values(torch.as_tensor(self.obs, dtype=torch.float32))
         s = {k: torch.stack(v) for k, v in buf.items()}
         return Rollout(s["obs"], s["actions"], s["logprobs"], s["values"], s["rewards"], s["costs"],
-                       s["terminated"].bool(), s["truncated"].bool(), s["boot"], last, episodes)
+                       s["terminated"].bool(), s["truncated"].bool(), s["boot"], last, episodes,
+                       shown if frames is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
         # gymnasium environments carry their state in plain attributes and numpy generators: pickling the
         # sub-environments (between rollouts; the vector env's own factories are lambdas) keeps every episode
-        return {"envs": pickle.dumps(self.envs.envs), "obs": self.obs.copy(), "ep_return": self.ep_return.copy(),
-                "ep_len": self.ep_len.copy(), "ep_cost": self.ep_cost.copy()}
+        return {"envs": _dumps_without_screens(self.envs.envs), "obs": self.obs.copy(),
+                "ep_return": self.ep_return.copy(), "ep_len": self.ep_len.copy(), "ep_cost": self.ep_cost.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.envs.envs = pickle.loads(state["envs"])
         self.obs, self.ep_return = state["obs"], state["ep_return"]
         self.ep_len, self.ep_cost = state["ep_len"], state["ep_cost"]
+
+
+def _none() -> None:
+    return None
+
+
+class _ScreenlessPickler(pickle.Pickler):
+    """Pickles an env that has rendered: its pygame drawing state (surfaces, clock) is dropped, stored as None,
+    which is how an env that never rendered holds it (gymnasium's classic control then draws a new screen)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj).__module__.split(".")[0] == "pygame":
+            return _none, ()
+        return NotImplemented
+
+
+def _dumps_without_screens(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _ScreenlessPickler(buf).dump(obj)
+    return buf.getvalue()
 
 
 def episode_pieces(dones: Tensor) -> tuple[Tensor, Tensor, int, int]:

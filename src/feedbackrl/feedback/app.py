@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from feedbackrl.feedback import labels as L
 from feedbackrl.feedback.auth import signed_in
+from feedbackrl.feedback.clips import add_clip, decode
 from feedbackrl.feedback.export import FORMATS, export_rows, labelled_pairs
 from feedbackrl.feedback.items import add_items
 from feedbackrl.feedback.security import MAX_ID, Id, SecurityHeaders
@@ -80,6 +81,11 @@ class MemberIn(Strict):
 
 class ItemsIn(Strict):
     items: list[dict[str, Any]] = Field(max_length=10_000)
+
+
+class ClipIn(Strict):
+    data: str = Field(min_length=1, max_length=BODY_LIMIT, description="the clip's bytes, base64")
+    media_type: str = Field("image/gif", max_length=32, description="image/gif (clips.MEDIA_TYPES)")
 
 
 class LabelIn(Strict):
@@ -252,6 +258,15 @@ def _api_routes(app: FastAPI) -> None:
     def items(request: Request, project_id: Id, body: ItemsIn) -> dict:
         with signed_in(request, admin=True) as (s, who):
             return {"item_ids": add_items(s, project_for(s, who, project_id), body.items)}
+
+    @app.post("/api/projects/{project_id}/clips", status_code=201)
+    def clip(request: Request, project_id: Id, body: ClipIn, response: Response) -> dict:
+        """Upload a clip (admin) -> its reference for item responses; the same bytes again are stored once."""
+        with signed_in(request, admin=True) as (s, who):
+            ref, created = add_clip(s, project_for(s, who, project_id), decode(body.data), body.media_type)
+        if not created:
+            response.status_code = 200
+        return {"ref": ref, "created": created}
 
     @app.get("/api/projects/{project_id}/next")
     def next_item(request: Request, project_id: Id) -> dict:

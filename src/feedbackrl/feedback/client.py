@@ -5,11 +5,12 @@ through the API the way a person at the page does (`HttpLabeller`).
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -34,12 +35,18 @@ class AdminApi:
             raise RuntimeError(f"{method} {path} answered {r.status_code}: {r.text[:300]}")
         return r.json()
 
-    def setup(self, project: str, labeller: str) -> str:
+    def setup(self, project: str, labeller: str, instructions: str = "") -> str:
         """Create the pairwise project and the labeller, invite them; -> the labeller's token."""
-        self.project = self.call("POST", "/api/projects", json={"name": project, "kind": "pairwise"})["id"]
+        self.project = self.call("POST", "/api/projects", json={"name": project, "kind": "pairwise",
+                                                               "instructions": instructions})["id"]
         token = self.call("POST", "/api/labellers", json={"name": labeller})["token"]
         self.call("POST", f"/api/projects/{self.project}/members", json={"labeller": labeller})
         return token
+
+    def add_clip(self, data: bytes, media_type: str = "image/gif") -> str:
+        """Upload a clip -> its reference ("clip:<sha256>") for an item's responses."""
+        body = {"data": base64.b64encode(data).decode(), "media_type": media_type}
+        return self.call("POST", f"/api/projects/{self.project}/clips", json=body)["ref"]
 
     def add_items(self, rows: list[dict[str, Any]]) -> list[int]:
         return self.call("POST", f"/api/projects/{self.project}/items", json={"items": rows})["item_ids"]
@@ -61,6 +68,15 @@ class AdminApi:
             time.sleep(POLL_S)
 
 
+class Judge(Protocol):
+    """What answers an item for `HttpLabeller` (`data.labeller.SimulatedLabeller`, or a control teacher):
+    `problem` is whatever the loop filed under the item's prompt."""
+
+    def judge(self, problem: Any, a: str, b: str) -> str: ...
+
+    def accept(self, problem: Any, response: str) -> str: ...
+
+
 class HttpLabeller(threading.Thread):
     """The simulated labeller as an HTTP client: fetch the next item, choose (a pair: "a", "b" or "tie"; one
     response: "accept" or "reject"), submit; until stopped.
@@ -68,8 +84,8 @@ class HttpLabeller(threading.Thread):
     `problems` maps a prompt to its problem (the labeller knows the gold answer; the loop adds an
     entry before posting an item)."""
 
-    def __init__(self, url: str, token: str, project: int, labeller: SimulatedLabeller,
-                 problems: dict[str, Problem]) -> None:
+    def __init__(self, url: str, token: str, project: int, labeller: Judge | SimulatedLabeller,
+                 problems: dict[str, Problem] | dict[str, Any]) -> None:
         super().__init__(daemon=True)
         self.url, self.token, self.project = url, token, project
         self.labeller, self.problems = labeller, problems

@@ -5,6 +5,9 @@ item's `meta`. How many responses a row needs depends on the project kind: 2 (pa
 more (ranking), 1 (accept_reject; ``"response": str`` is accepted too). Responses within an item
 must be distinct and non-empty, so every exported pair is a valid preference pair.
 
+A response ``"clip:<sha256>"`` names a clip uploaded to the project (`clips.py`): the item shows it as an
+animated clip, e.g. the two trajectory segments of a segment pair; an item's responses are all clips or none.
+
 `add_items` is also the queue-refill seam for an online loop: it validates every row first and
 writes all or nothing.
 """
@@ -18,6 +21,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from feedbackrl.data.rows import DatasetError, read_jsonl, read_text
+from feedbackrl.feedback.clips import is_clip, missing_clips
 from feedbackrl.feedback.store import FeedbackError, Item, Project, check_text
 
 TEXT_MAX = 100_000
@@ -70,6 +74,13 @@ def add_items(s: Session, project: Project, rows: Iterable[Any]) -> list[int]:
             parsed.append(parse_item_row(row, i, project.kind))
         except FeedbackError as e:
             problems.append(str(e))
+    for i, p in enumerate(parsed):
+        clips = [is_clip(r) for r in p["responses"]]
+        if any(clips) and not all(clips):
+            problems.append(_bad(i, "responses mix clips and text: an item shows clips or text, not both"))
+        elif any(clips) and (missing := missing_clips(s, project, p["responses"])):
+            problems.append(_bad(i, f"no clip {', '.join(missing)} in this project: upload it first "
+                                    f"(POST /api/projects/{project.id}/clips)"))
     if problems:
         more = f"\n  ... and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
         raise FeedbackError(f"{len(problems)} bad item row(s), nothing imported:\n  "

@@ -22,6 +22,8 @@ from sqlalchemy.orm import Session
 
 from feedbackrl.feedback import labels as L
 from feedbackrl.feedback.auth import COOKIE, check_csrf, csrf_token, request_token, signed_in
+from feedbackrl.feedback.clips import PREFIX as CLIP_PREFIX
+from feedbackrl.feedback.clips import get_clip
 from feedbackrl.feedback.security import MAX_ID, Id, check_same_origin
 from feedbackrl.feedback.store import (
     FeedbackError,
@@ -94,7 +96,7 @@ def _render_label(request: Request, s: Session, who: Labeller, project: Project,
     last = L.last_label(s, who, project)
     context = {"who": who, "project": project, "item": item, "shown": shown, "last": last, "error": error,
                "progress": L.progress(s, who, project), "csrf": csrf_token(request_token(request)),
-               "submission_id": uuid.uuid4().hex}
+               "submission_id": uuid.uuid4().hex, "clip_prefix": CLIP_PREFIX}
     return templates.TemplateResponse(request, "label.html", context, status_code=status)
 
 
@@ -103,6 +105,16 @@ def label_page(request: Request, project_id: Id,
                item: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None) -> Response:
     with signed_in(request) as (s, who):
         return _render_label(request, s, who, project_for(s, who, project_id), prefer=item)
+
+
+@router.get("/projects/{project_id}/clips/{digest}")
+def clip(request: Request, project_id: Id, digest: str) -> Response:
+    """A clip of the project, for its members only (the page's cookie, or a bearer token)."""
+    with signed_in(request) as (s, who):
+        found = get_clip(s, project_for(s, who, project_id), digest)
+        data, media_type = found.data, found.media_type
+    # immutable: the URL is the content's hash; private: only members may see it
+    return Response(data, media_type=media_type, headers={"Cache-Control": "private, max-age=86400, immutable"})
 
 
 @router.post("/projects/{project_id}/label")

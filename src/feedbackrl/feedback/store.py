@@ -30,6 +30,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -144,6 +145,20 @@ class Membership(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     labeller_id: Mapped[int] = mapped_column(ForeignKey("labellers.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Clip(Base):
+    """A media file an item shows instead of text (`feedback/clips.py`): a response "clip:<digest>"."""
+
+    __tablename__ = "clips"
+    __table_args__ = (UniqueConstraint("project_id", "digest", name="uq_clip_digest"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    digest: Mapped[str] = mapped_column(String(64))  # SHA-256 of `data`, hex
+    media_type: Mapped[str] = mapped_column(String(32))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 

@@ -91,6 +91,31 @@ Propose = Callable[[int, int], Round]  # (round index, pairs wanted) -> items to
 Retrain = Callable[[Pairs], dict[str, float]]  # all pairs so far -> held-out metrics
 
 
+class LabelQueue:
+    """The app's side of labelling rounds: post items, wait until they are answered, fetch the labels given
+    since the last round, each once (the cursor is the highest label id seen; the export returns only newer
+    labels). `online_loop` asks it once per round, as does the control loop's segment-preference learner
+    (control/app_labels.py)."""
+
+    def __init__(self, api: Any, wait_s: float, check: Callable[[], None] = lambda: None,
+                 ties: bool = False) -> None:
+        self.api, self.wait_s, self.check, self.ties = api, wait_s, check, ties
+        self.cursor, self.answered = 0, 0
+
+    def ask(self, rows: list[dict[str, Any]]) -> Pairs:
+        """Post `rows` as items, block until every item so far is answered (a skip answers one), -> the new
+        pairs (with the labeller's ties as rows marked "tie" if `ties`)."""
+        self.api.add_items(rows)
+        self.answered += len(rows)
+        self.api.wait_for_labels(self.answered, self.wait_s, self.check)
+        new = self.api.pairs_since(self.cursor, self.ties)
+        ids = [row["label_id"] for row in new]
+        if any(i <= self.cursor for i in ids) or len(set(ids)) != len(ids):
+            raise RuntimeError(f"export since label {self.cursor} returned old or repeated labels: {ids[:10]}")
+        self.cursor = max(ids, default=self.cursor)
+        return new
+
+
 def online_loop(api: Any, labeller_problems: dict[str, Problem], propose: Propose, retrain: Retrain,
                 labels: int, every: int, wait_s: float, sink: MetricsSink,
                 check: Callable[[], None] = lambda: None, ties: bool = False) -> Pairs:
@@ -98,35 +123,29 @@ def online_loop(api: Any, labeller_problems: dict[str, Problem], propose: Propos
 
     Each round asks for `min(every, labels left)` pairs; the loop ends when `labels` items have
     been answered, or when a round can propose nothing. Returns every pair fetched, each label
-    once (the cursor is the highest label id seen; the export returns only newer labels), with the
-    labeller's ties as rows marked "tie" if `ties`. Logged per round: `labels` answered (ties and
-    skips included: the labeller's effort), `pairs` that state a preference, `tie_rows` fetched."""
+    once (`LabelQueue`), with the labeller's ties as rows marked "tie" if `ties`. Logged per round:
+    `labels` answered (ties and skips included: the labeller's effort), `pairs` that state a
+    preference, `tie_rows` fetched."""
     pairs: Pairs = []
-    cursor, answered, t0 = 0, 0, time.perf_counter()
+    queue, t0 = LabelQueue(api, wait_s, check, ties), time.perf_counter()
     sink.log(0, {"phase": "online", "labels": 0, "pairs": 0, **retrain(pairs), "seconds": 0.0})
     r = 0
-    while answered < labels:
+    while queue.answered < labels:
         r += 1
         t_round = time.perf_counter()
-        batch = propose(r, min(every, labels - answered))
+        batch = propose(r, min(every, labels - queue.answered))
         if not batch.rows:
             break
         labeller_problems.update({p.prompt: p for p in batch.problems})
-        api.add_items(batch.rows)
-        answered += len(batch.rows)
         t_posted = time.perf_counter()
-        api.wait_for_labels(answered, wait_s, check)
+        new = queue.ask(batch.rows)
         t_labelled = time.perf_counter()
-        new = api.pairs_since(cursor, ties)
-        ids = [row["label_id"] for row in new]
-        if any(i <= cursor for i in ids) or len(set(ids)) != len(ids):
-            raise RuntimeError(f"export since label {cursor} returned old or repeated labels: {ids[:10]}")
-        cursor = max(ids, default=cursor)
         pairs += new
         metrics = retrain(pairs)
         preferences = sum(not row.get("tie") for row in pairs)
-        sink.log(r, {"phase": "online", "labels": answered, "pairs": preferences, "tie_rows": len(pairs) - preferences,
-                     "new_pairs": len(new), "labels/no_preference": 1 - preferences / answered,
+        sink.log(r, {"phase": "online", "labels": queue.answered, "pairs": preferences,
+                     "tie_rows": len(pairs) - preferences, "new_pairs": len(new),
+                     "labels/no_preference": 1 - preferences / queue.answered,
                      **metrics, "seconds": time.perf_counter() - t0, "time/propose_s": t_posted - t_round,
                      "time/labels_s": t_labelled - t_posted, "time/retrain_s": time.perf_counter() - t_labelled})
     return pairs

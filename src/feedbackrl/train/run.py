@@ -81,6 +81,24 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     return run(cfg, out_dir, ckpt, sink)
 
 
+def control_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint of a control run (`path` a checkpoint or a run dir), else None (e.g. a language model)."""
+    try:
+        ckpt = resolve_resume(path)
+    except CheckpointError:
+        return None
+    return ckpt if read_config_json(ckpt).get("algo", {}).get("name") == "control_ppo" else None
+
+
+def eval_control(ckpt: Path, video: Path | None, max_steps: int) -> dict[str, Any]:
+    """`feedbackrl eval` of a control checkpoint (control/loop.py `eval_checkpoint`)."""
+    try:
+        from feedbackrl.control.loop import eval_checkpoint
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"evaluating a control policy needs {e.name}: pip install 'feedbackrl[control]'") from None
+    return eval_checkpoint(ckpt, video, max_steps)
+
+
 @dataclass(frozen=True)
 class Entry:
     train: Algorithm | None  # None: `whole_run` does the training
