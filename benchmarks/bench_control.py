@@ -131,10 +131,12 @@ def _late(run_dir: Path, key: str) -> float:
 
 def highway_env_speed(seconds: float = 5.0) -> list[dict[str, Any]]:
     import gymnasium as gym
+    import highway_env
     import numpy as np
 
     import feedbackrl.control.envs  # noqa: F401  (registers feedbackrl/highway-fast-v0)
 
+    gym.register_envs(highway_env)
     out = []
     recipe = load_config(ROOT / "recipes/highway_ppo.toml").control.env_options["config"]
     for env_id, config in (("highway-fast-v0", {}), ("feedbackrl/highway-fast-v0", {}),
