@@ -63,14 +63,15 @@ def test_scripted_empty_road_cruise_and_one_lane_change():
     assert 124.0 < m["distance"] < 125.0
 
 
-def test_numpy_kinematics_match_highway_envs_own_observation():
-    config = {"vehicles_count": 10}
-    ours = gym.make(HIGHWAY, config=config)
-    theirs = gym.make("highway-fast-v0", config=config)  # registered by highway-env's import
+@pytest.mark.parametrize("scenario", ["highway-fast-v0", "merge-v0", "roundabout-v0"])
+def test_numpy_kinematics_match_highway_envs_own_observation(scenario):
+    config = {"vehicles_count": 10} if scenario.startswith("highway") else {}
+    ours = gym.make(f"feedbackrl/{scenario}", config=config)
+    theirs = gym.make(scenario, config=config)  # registered by highway-env's import
     a, _ = ours.reset(seed=5)
     b, _ = theirs.reset(seed=5)
     rng = np.random.default_rng(0)
-    for _ in range(25):
+    for _ in range(15):
         np.testing.assert_array_equal(a, b.reshape(-1))
         act = int(rng.integers(5))
         a, ra, ta, tra, _ = ours.step(act)
