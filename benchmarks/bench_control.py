@@ -27,6 +27,8 @@ Writes benchmarks/results/control.json (provenance included) and prints one line
   the same environment steps. Each run records its held-out greedy metrics (return, collision rate,
   distance, mean speed, lane changes, jerk over control.eval_episodes episodes), the collision rate of its
   training episodes and the cost per step over the last quarter of training, and its CPU seconds.
+- highway_safe: the PPO-Lagrangian arm alone, with `--set KEY=VALUE` recipe overrides (another multiplier
+  setting), the same records plus the final lambda.
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ def highway(seeds: int, tmp: Path, save: Any) -> dict[str, Any]:
                    "train_seconds": report["train_seconds"], "env_steps": report["env_steps"],
                    "late_training_cost_per_step": _late(d, "cost/mean"),
                    "late_training_collision_rate": _late(d, "episode/collision"),
+                   "late_training_return": _late(d, "episode/return"),
                    "env_steps_per_s_rollout": _late(d, "perf/env_steps_per_s_rollout"),
                    "labels": report.get("labels")}
             res["runs"].setdefault(name, []).append(row)
@@ -194,6 +197,27 @@ def highway(seeds: int, tmp: Path, save: Any) -> dict[str, Any]:
     return res
 
 
+def highway_safe(seeds: int, sets: list[str], tmp: Path, save: Any) -> dict[str, Any]:
+    """The PPO-Lagrangian arm of `highway` alone, with `--set` overrides (another multiplier setting)."""
+    res: dict[str, Any] = {"overrides": sets, "runs": []}
+    for s in range(seeds):
+        d = tmp / f"highway_safe_{s}"
+        c0 = time.process_time()
+        report = ours("recipes/highway_safe.toml", [*sets, f"train.seed={s}"], d)
+        ev = report["control_eval_after"]
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        lam = [r["constraint/lambda"] for r in rows if r.get("phase") == "rl"]
+        res["runs"].append({"seed": s, "eval": ev, "cpu_seconds": time.process_time() - c0,
+                            "train_seconds": report["train_seconds"], "env_steps": report["env_steps"],
+                            "late_training_cost_per_step": _late(d, "cost/mean"),
+                            "late_training_collision_rate": _late(d, "episode/collision"),
+                            "late_training_return": _late(d, "episode/return"), "final_lambda": lam[-1]})
+        print(f"highway_safe {sets} seed {s}: late cost/step {res['runs'][-1]['late_training_cost_per_step']:.4f}, "
+              f"held-out collision {ev['eval/collision']:.2f}, lambda {lam[-1]:.2f}", flush=True)
+        save(res)
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--parts", default="speed,prefs,constraint")
@@ -201,6 +225,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--updates", type=int, default=50, help="speed: PPO updates of 8 x 128 steps per side")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--set", action="append", default=[], dest="sets",
+                   help="highway_safe: a recipe override (repeatable), e.g. --set constraint.lr=30")
     args = p.parse_args()
     setup_threads(args.threads)
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
@@ -213,15 +239,16 @@ def main() -> None:
                 res = prefs(args.seeds, Path(tmp))
             elif part == "constraint":
                 res = constraint(args.seeds, Path(tmp))
-            elif part == "highway":
+            elif part in ("highway", "highway_safe"):
                 def save(partial: dict[str, Any], part: str = part, t0: float = t0) -> None:
                     results[part] = {**partial, "complete": False, "wall_seconds": time.perf_counter() - t0,
                                      "threads": args.threads, "provenance": provenance()}
                     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
-                res = {**highway(args.seeds, Path(tmp), save), "complete": True}
+                res = ({**highway(args.seeds, Path(tmp), save), "complete": True} if part == "highway" else
+                       {**highway_safe(args.seeds, args.sets, Path(tmp), save), "complete": True})
             else:
-                raise SystemExit(f"unknown part {part!r}; choose from speed, prefs, constraint, highway")
+                raise SystemExit(f"unknown part {part!r}; choose from speed, prefs, constraint, highway, highway_safe")
             results[part] = {**res, "wall_seconds": time.perf_counter() - t0, "threads": args.threads,
                              "provenance": provenance()}
             RESULTS.write_text(json.dumps(results, indent=2) + "\n")
