@@ -244,7 +244,7 @@ class ControlConfig(Section):
     eval_episodes: int = Field(10, ge=1, le=10_000, description="greedy held-out episodes before and after training")
     reward: Literal["env", "preferences"] = Field("env", description=(
         "what PPO maximises: the environment's reward, or a reward learned from segment preferences"))
-    cost: str = Field("", description='cost signal (control/envs.py COSTS, e.g. "cart_off_centre"); "" = none')
+    cost: str = Field("", description='cost signal (control/envs.py COSTS: "cart_off_centre", "collision"); "" = none')
     preferences: SegmentPrefsConfig = Field(default_factory=SegmentPrefsConfig)
 
 

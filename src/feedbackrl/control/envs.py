@@ -7,8 +7,12 @@ the rollout needs to bootstrap the value of a truncated episode. Sub-environment
 `seed + i`. Synchronous stepping keeps runs deterministic; classic-control environments step in
 microseconds, so processes would only add overhead.
 
-A cost is a function of the vector env's observations after a step (E, obs_dim) -> (E,) costs, named in
+A cost is a function of the vector env's observations after a step (E, obs_dim) and of the step's infos
+(`step_infos`: each key an (E,) array, a finished episode's entry from its last step) -> (E,) costs, named in
 `COSTS` (one registry, looked up by `control.cost`).
+
+Driving environments (`feedbackrl/highway-fast-v0`, ...) are registered here from `driving.py`, which imports
+highway-env only when one is made.
 """
 
 from __future__ import annotations
@@ -22,16 +26,46 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from feedbackrl.config import ConfigError
+from feedbackrl.control import driving
 
-CostFn = Callable[[np.ndarray], np.ndarray]
+CostFn = Callable[[np.ndarray, dict[str, np.ndarray]], np.ndarray]
+
+driving.register()
 
 
-def cart_off_centre(obs: np.ndarray, limit: float = 0.5) -> np.ndarray:
+def step_infos(info: dict[str, Any], done: np.ndarray) -> dict[str, np.ndarray]:
+    """A vector env's step infos as {key: (E,) array}: a finished episode's entry is its last step's (under
+    `final_info`; the top level holds the next episode's reset info). Keys some environment lacks are dropped."""
+    final = info.get("final_info", {})
+    out = {}
+    for key, value in info.items():
+        if key.startswith("_") or key in ("final_obs", "final_info") or not isinstance(value, np.ndarray) \
+                or value.ndim != 1 or value.dtype == object or not info[f"_{key}"].all():
+            continue
+        merged = value.copy()
+        if done.any():
+            if key not in final or not final[f"_{key}"][done].all():
+                continue
+            merged[done] = final[key][done]
+        out[key] = merged
+    return out
+
+
+def cart_off_centre(obs: np.ndarray, info: dict[str, np.ndarray] | None = None, limit: float = 0.5) -> np.ndarray:
     """CartPole: 1 where the cart is more than `limit` (of the track's 2.4 half-width) from the centre."""
     return (np.abs(obs[:, 0]) > limit).astype(np.float32)
 
 
-COSTS: dict[str, CostFn] = {"cart_off_centre": cart_off_centre}
+def collision(obs: np.ndarray, info: dict[str, np.ndarray]) -> np.ndarray:
+    """Driving (`driving.py`): 1 on a step that ends in a crash or off the road, else 0."""
+    if "crashed" not in info or "off_road" not in info:
+        raise ConfigError(f"control.cost = 'collision' reads the `crashed` and `off_road` step infos of a driving "
+                          f"environment (control.env = 'feedbackrl/highway-fast-v0', ...); this one gives "
+                          f"{sorted(info)}")
+    return (info["crashed"].astype(bool) | info["off_road"].astype(bool)).astype(np.float32)
+
+
+COSTS: dict[str, CostFn] = {"cart_off_centre": cart_off_centre, "collision": collision}
 
 
 def make_vec_env(env_id: str, num_envs: int, options: dict[str, Any] | None = None) -> SyncVectorEnv:

@@ -56,7 +56,8 @@ def _cost_fn(name: str) -> CostFn | None:
 @torch.no_grad()
 def evaluate(policy: ActorCritic, cfg: RunConfig, seed: int) -> dict[str, float]:
     """Greedy actions on control.eval_episodes fresh episodes (env i seeded seed + i): the means of their
-    return, length and cost (`eval/return`, `eval/length`, `eval/cost`)."""
+    return, length and cost (`eval/return`, `eval/length`, `eval/cost`) and of the environment's closed-loop
+    metrics (a driving environment's `eval/collision`, `eval/distance`, ...)."""
     c = cfg.control
     collector = Collector(make_vec_env(c.env, c.eval_episodes, c.env_options), seed, _cost_fn(c.cost))
     first: dict[int, dict[str, float]] = {}
@@ -65,8 +66,14 @@ def evaluate(policy: ActorCritic, cfg: RunConfig, seed: int) -> dict[str, float]
         for ep in collector.collect(_Greedy(policy), 16, gen).episodes:
             first.setdefault(int(ep["env"]), ep)
     collector.envs.close()
-    eps = list(first.values())
-    return {f"eval/{k}": float(np.mean([e[k] for e in eps])) for k in ("return", "length", "cost")}
+    return _means(list(first.values()), "eval")
+
+
+def _means(episodes: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    """The episodes' means of return, length, cost and every closed-loop metric they all report (a driving
+    environment's collision, distance, ...: `driving.py`), as `prefix/name`."""
+    keys = [k for k in episodes[0] if k != "env" and all(k in e for e in episodes)]
+    return {f"{prefix}/{k}": float(np.mean([e[k] for e in episodes])) for k in keys}
 
 
 class _Greedy:
@@ -259,8 +266,7 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                             "cost/mean": float(ro.costs.mean()), "episodes": len(ro.episodes),
                             "perf/env_steps_per_s_rollout": steps_per_update / max(roll_s, 1e-9)})
             if ro.episodes:
-                last = {f"episode/{key}": float(np.mean([e[key] for e in ro.episodes]))
-                        for key in ("return", "length", "cost")}
+                last = _means(ro.episodes, "episode")
             metrics.update(last or {})
             if cfg.eval.every and step % cfg.eval.every == 0 and step < a.steps:
                 metrics.update(evaluate(policy, cfg, seed + 10_000))

@@ -26,7 +26,7 @@ from gymnasium.vector import SyncVectorEnv
 from torch import Tensor
 
 from feedbackrl.algos.ppo import gae
-from feedbackrl.control.envs import CostFn, env_action
+from feedbackrl.control.envs import CostFn, env_action, step_infos
 from feedbackrl.control.policy import ActorCritic
 
 
@@ -80,7 +80,7 @@ class Collector:
             final = nxt.copy()  # the observation each step ended in (a finished episode's last one)
             if done.any():
                 final[done] = np.stack(list(info["final_obs"][done]))
-            cost = self.cost(final) if self.cost is not None else np.zeros(n, dtype=np.float32)
+            cost = self.cost(final, step_infos(info, done)) if self.cost is not None else np.zeros(n, dtype=np.float32)
             boot = torch.zeros(n, heads)
             if trunc.any():
                 boot[torch.as_tensor(trunc)] = policy.values(torch.as_tensor(final[trunc], dtype=torch.float32))
@@ -94,7 +94,7 @@ class Collector:
             self.ep_cost += cost
             for i in np.flatnonzero(done):
                 episodes.append({"env": int(i), "return": float(self.ep_return[i]), "length": int(self.ep_len[i]),
-                                 "cost": float(self.ep_cost[i])})
+                                 "cost": float(self.ep_cost[i]), **_episode_metrics(info, int(i))})
                 self.ep_return[i], self.ep_len[i], self.ep_cost[i] = 0.0, 0, 0.0
             self.obs = nxt
         last = policy.values(torch.as_tensor(self.obs, dtype=torch.float32))
@@ -133,6 +133,13 @@ def _dumps_without_screens(obj: Any) -> bytes:
     buf = io.BytesIO()
     _ScreenlessPickler(buf).dump(obj)
     return buf.getvalue()
+
+
+def _episode_metrics(info: dict[str, Any], i: int) -> dict[str, float]:
+    """The closed-loop metrics an environment reports in an episode's last step's info (`metrics`, as the
+    driving environments do), for sub-environment i; {} when it reports none."""
+    metrics = info.get("final_info", {}).get("metrics", {})
+    return {k: float(v[i]) for k, v in metrics.items() if not k.startswith("_") and metrics[f"_{k}"][i]}
 
 
 def episode_pieces(dones: Tensor) -> tuple[Tensor, Tensor, int, int]:
