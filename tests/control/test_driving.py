@@ -178,3 +178,19 @@ def test_the_driving_recipes_read(name):
     assert (cfg.constraint is not None) == (name == "highway_safe")
     if name == "highway_prefs":
         assert cfg.control.preferences.labels <= 1000
+
+
+def test_a_driving_clip_is_drawn_headless():
+    """highway-env stops drawing under SDL's dummy video driver, which headless rendering sets: the frames
+    of a clip must still show the road and the vehicles (several colours, changing as the cars move)."""
+    from feedbackrl.control.video import render_env
+
+    env = render_env(HIGHWAY, {"config": {"duration": 5, "vehicles_count": 5}})
+    env.reset(seed=0)
+    first = env.render()
+    env.step(1)
+    second = env.render()
+    env.close()
+    assert first.ndim == 3 and first.shape[2] == 3
+    assert len(np.unique(first.reshape(-1, 3), axis=0)) >= 3  # road, lane marks, vehicles: not one flat colour
+    assert (first != second).any()

@@ -92,6 +92,19 @@ class DrivingEnv(gym.Wrapper):
         info = {**info, "crashed": bool(v.crashed), "off_road": not v.on_road}
         return np.asarray(obs, dtype=np.float32).reshape(-1), info
 
+    def render(self) -> Any:
+        """highway-env's frame. Its viewer switches drawing off when SDL's video driver is "dummy" (as headless
+        rendering sets it for classic control), which would give black frames; offscreen drawing needs no
+        display, so it is switched back on."""
+        base = self.env.unwrapped
+        if base.render_mode is not None and base.viewer is not None and not base.viewer.enabled:
+            base.viewer.enabled = True
+        frame = self.env.render()
+        if base.render_mode is not None and not base.viewer.enabled:  # the first call made the viewer
+            base.viewer.enabled = True
+            frame = self.env.render()
+        return frame
+
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         base = self.env.unwrapped
@@ -115,5 +128,8 @@ def make_driving(scenario: str, config: dict[str, Any] | None = None, render_mod
         raise ImportError("driving environments need highway-env: pip install 'feedbackrl[control]' "
                           "(or pip install highway-env)") from None
     gym.register_envs(highway_env)
-    env = gym.make(scenario, config=dict(config or {}), render_mode=render_mode)
+    config = dict(config or {})
+    if render_mode is not None:  # draw on a surface only: no window, so no display is needed
+        config.setdefault("offscreen_rendering", True)
+    env = gym.make(scenario, config=config, render_mode=render_mode)
     return DrivingEnv(env)
