@@ -72,8 +72,8 @@ class KLPerReward(Detector):
     """
 
     window: int = 5
-    ratio_max: float = 1.0
-    kl_min: float = 0.05
+    ratio_max: float = 2.0
+    kl_min: float = 0.5
     gain_floor: float = 0.05
     name: str = "kl_per_reward"
 
@@ -104,7 +104,7 @@ class TrainVsHeldOut(Detector):
     """
 
     window: int = 1
-    gap_min: float = 0.15
+    gap_min: float = 0.25
     train_rise_min: float = 0.1
     name: str = "train_vs_heldout"
 
@@ -148,8 +148,8 @@ class Disagreement(Detector):
     """
 
     window: int = 1
-    rise_min: float = 0.15
-    level_max: float = 0.4
+    rise_min: float = 0.3
+    level_max: float = 0.6
     name: str = "disagreement"
 
     def check(self, rows: Sequence[dict[str, Any]]) -> Finding | None:
