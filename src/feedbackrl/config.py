@@ -483,6 +483,9 @@ class MonitorsConfig(Section):
     gold_every: int = Field(0, ge=0, description="score a sample with the gold check every N steps; 0 = never")
     gold_samples: int = Field(32, ge=1, description="completions per gold check (spread over the groups)")
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    reference: bool = Field(False, description=(
+        "keep a frozen copy of the starting policy so kl/mean (KL to it) is logged even when algo.kl_coef = 0; "
+        "the kl_per_reward detector reads it"))
     kl_raise: float = Field(2.0, gt=1, description="raise_kl multiplies algo.kl_coef by this")
     kl_floor: float = Field(0.05, gt=0, description="raise_kl sets algo.kl_coef at least this (from 0)")
     max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run; past it a rollback stops the run")

@@ -134,6 +134,7 @@ def test_audit_batch_metrics_hand_computed():
     assert m["monitor/audit/p/proxy_mean"] == pytest.approx(0.55)
     # pass/fail agree on rows 0 (pass, pass) and 2 (fail, fail); row 3: reward 0.2 fails, verdict 0.5 passes
     assert m["monitor/audit/p/reward_agreement"] == 0.5
+    assert m["monitor/audit/p/false_pass"] == 0.25  # only row 1: the reward passes (1.0), the audit fails (0.0)
     assert m["monitor/audit/p/step"] == 7 and m["monitor/audit/p/agreement"] == 0.75
     both = merge([AuditBatch(3, [1.0], [0.0], 1.0), AuditBatch(5, [0.0], [0.0], 0.5)])
     assert (both.step, both.proxy, both.verdicts, both.agreement) == (5, [1.0, 0.0], [0.0, 0.0], 0.75)

@@ -70,6 +70,7 @@ def test_rollback_rearms_and_becomes_stop_past_max_rollbacks():
 def test_raised_kl_multiplies_with_a_floor():
     mon = Monitor(MonitorsConfig(actions={"kl_blowup": "raise_kl"}, kl_raise=3.0, kl_floor=0.05))
     assert mon.needs_reference and not mon.needs_rollback
+    assert not Monitor(MonitorsConfig()).needs_reference and Monitor(MonitorsConfig(reference=True)).needs_reference
     assert mon.raised_kl(0.0) == 0.05 and mon.raised_kl(0.1) == pytest.approx(0.3)
 
 
@@ -77,9 +78,10 @@ def test_gold_sample_every_n_steps_and_at_step_one():
     cfg = MonitorsConfig(detectors=["proxy_gold"], gold_every=3, gold_samples=2)
     mon = Monitor(cfg, gold=lambda p, t: 1.0 if t == "good" else 0.0)
     b = batch(["good", "bad", "bad", "good"], [1.0, 1.0, 1.0, 0.0])
-    # the sample is rows 0 and 2 (one per group): proxy (1 + 1) / 2, gold (1 + 0) / 2
+    # the sample is rows 0 and 2 (one per group): proxy (1 + 1) / 2, gold (1 + 0) / 2; row 2 passes the
+    # reward and fails gold: false pass 1 / 2
     assert mon.after_step(1, b, {}).metrics == {"monitor/gold_mean": 0.5, "monitor/proxy_mean": 1.0,
-                                                "monitor/alerts": 0.0}
+                                                "monitor/gold_false_pass": 0.5, "monitor/alerts": 0.0}
     assert "monitor/gold_mean" not in mon.after_step(2, b, {}).metrics
     assert mon.after_step(3, b, {}).metrics["monitor/gold_mean"] == 0.5
 

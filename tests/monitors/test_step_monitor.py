@@ -67,7 +67,8 @@ def test_step_monitor_with_an_audit_flags_rewarded_wrong_answers_and_not_right_o
         copies = [w for w in words for _ in range(4)]
         hacked.step(step, prompts, copies, [1.0] * 16, answers=answers)  # paid, and wrong
         clean.step(step, prompts, answers, [1.0] * 16, answers=answers)  # paid, and right
-    assert [(a.detector, a.step) for a in hacked.alerts] == [("proxy_gold", 1)]
+    # every audited copy is paid and fails the audit: proxy_gold at once, disagreement once two audits are in
+    assert [(a.detector, a.step) for a in hacked.alerts] == [("proxy_gold", 1), ("disagreement", 2)]
     assert "audit 'exact'" in hacked.alerts[0].message
     assert clean.alerts == []
 
@@ -120,3 +121,44 @@ def test_trl_callback_alerts_on_a_planted_hack_and_not_on_its_clean_twin(tmp_pat
     assert (tmp_path / "hacked" / "alerts.jsonl").is_file()
     clean, _ = trl_run(tmp_path, exact, "clean")
     assert [a for a in clean.alerts if a.kind == "hacking"] == []
+
+
+# --- TRL DPO: logged metrics only --------------------------------------------------------------------------
+
+
+def trl_dpo_run(tmp_path, name, rejected):
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from feedbackrl.config import MonitorsConfig
+    from feedbackrl.models.tiny import make_tiny
+    from feedbackrl.monitors.trl_callback import MonitorCallback
+
+    model_dir = make_tiny(tmp_path / "model", "tiny", 0)
+    words = ["abcd", "bcda", "cdab", "dabc", "acbd", "bdca", "cadb", "dbac"]
+    data = Dataset.from_list([{"prompt": f"{w}=", "chosen": w[::-1], "rejected": rejected(w)} for w in words * 4])
+    callback = MonitorCallback(MonitorsConfig(detectors=["preference_displacement", "entropy_collapse"]),
+                               tmp_path / name)
+    args = trl.DPOConfig(output_dir=str(tmp_path / f"trl_{name}"), per_device_train_batch_size=8, learning_rate=1e-3,
+                         beta=0.1, use_cpu=True, report_to="none", logging_steps=1, max_steps=8, save_strategy="no",
+                         disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    trainer = trl.DPOTrainer(model=AutoModelForCausalLM.from_pretrained(str(model_dir)), args=args, train_dataset=data,
+                             processing_class=AutoTokenizer.from_pretrained(str(model_dir)), callbacks=[callback])
+    trainer.train()
+    return callback, trainer
+
+
+def test_trl_dpo_callback_flags_likelihood_displacement_and_not_a_clean_pair_set(tmp_path):
+    # planted: each rejected answer is the chosen one with more after it, so pushing it down pushes down the
+    # chosen answer's tokens too: the margin rises while the chosen answer loses probability
+    hacked, trainer = trl_dpo_run(tmp_path, "displaced", lambda w: w[::-1] + w)
+    logged = [h for h in trainer.state.log_history if "rewards/chosen" in h]
+    assert len(logged) == 8 and all("monitor/alerts" in h for h in logged)  # every log step checked
+    assert [a.detector for a in hacked.alerts] == ["preference_displacement"], hacked.alerts
+    assert logged[-1]["rewards/chosen"] < 0 < logged[-1]["rewards/margins"]
+    assert (tmp_path / "displaced" / "alerts.jsonl").is_file()
+    # clean twin: the rejected answer is the unreversed word; the chosen answer grows more likely
+    clean, trainer = trl_dpo_run(tmp_path, "clean", lambda w: w)
+    assert clean.alerts == []
+    assert [h for h in trainer.state.log_history if "rewards/chosen" in h][-1]["rewards/chosen"] > 0

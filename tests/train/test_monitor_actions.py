@@ -113,3 +113,20 @@ def test_the_built_monitor_checks_gold_with_the_tasks_hidden_score(tmp_path):
     assert (mon.gold(problem, "edcbaxxxxx"), mon.gold(problem, "edcba")) == (0.0, 1.0)
     assert live_monitor(build_config({}), tmp_path, None, task).gold is None  # no gold_every, no gold
     assert live_monitor(build_config({"monitors": {"enabled": False}}), tmp_path, None, task) is None
+
+
+def test_monitors_reference_logs_kl_without_a_penalty(tiny_model_dir, tmp_path):
+    """`monitors.reference`: a frozen reference at kl_coef = 0, so kl_per_reward has a KL to read; the loss
+    is the plain policy loss (same parameters as the run without it)."""
+    base = build_config({
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4},
+        "algo": {"steps": 2, "lr": 1e-2, "kl_coef": 0.0}, "train": {"threads": 1},
+        "monitors": {"detectors": ["kl_per_reward"]}})
+    with_ref = base.model_copy(update={"monitors": base.monitors.model_copy(update={"reference": True})})
+    model_ref, ref_sink = run(tiny_model_dir, tmp_path / "ref", with_ref)
+    model_plain, plain_sink = run(tiny_model_dir, tmp_path / "plain", base)
+    assert [m["kl/mean"] for _, m in plain_sink.rows] == [0.0, 0.0]  # no reference: nothing to compare with
+    kl = [m["kl/mean"] for _, m in ref_sink.rows]
+    assert kl[0] == 0.0 < kl[1], kl  # step 1 samples from the reference itself; step 2 from the updated policy
+    plain = model_plain.state_dict()
+    assert all(torch.equal(t, plain[k]) for k, t in model_ref.state_dict().items())

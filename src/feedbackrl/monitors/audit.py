@@ -11,6 +11,8 @@ monitor logs, per channel NAME, on the step the verdicts arrive:
 - `monitor/audit/NAME/step`: the step whose completions these are;
 - `monitor/audit/NAME/reward_agreement`: the share of audited completions where the audit and the
   training reward agree on pass (>= 0.5) or fail;
+- `monitor/audit/NAME/false_pass`: the share of audited completions the training reward passes and the
+  audit fails (what the `disagreement` detector reads);
 - `monitor/audit/NAME/agreement`: the audit's own agreement where it has one (people: the share of
   pairs of labels on one item that agree; needs `overlap >= 2`).
 
@@ -49,7 +51,9 @@ class AuditBatch:
                f"monitor/audit/{name}/proxy_mean": mean(self.proxy),
                f"monitor/audit/{name}/step": float(self.step),
                f"monitor/audit/{name}/n": float(len(self.verdicts)),
-               f"monitor/audit/{name}/reward_agreement": sum(agree) / len(agree)}
+               f"monitor/audit/{name}/reward_agreement": sum(agree) / len(agree),
+               f"monitor/audit/{name}/false_pass": sum(p >= PASS > v for p, v in zip(self.proxy, self.verdicts,
+                                                                                    strict=True)) / len(agree)}
         if self.agreement is not None:
             out[f"monitor/audit/{name}/agreement"] = self.agreement
         return out

@@ -31,7 +31,8 @@ from feedbackrl.rewards.verdict import Problem, Verdict
 
 # other libraries' metric names -> the names the detectors read
 METRIC_NAMES = {"kl": "kl/mean", "entropy": "entropy/mean", "reward": "reward/mean", "reward_std": "reward/std",
-                "objective/kl": "kl/mean", "objective/entropy": "entropy/mean"}
+                "objective/kl": "kl/mean", "objective/entropy": "entropy/mean",
+                "rewards/chosen": "pref/reward_chosen", "rewards/margins": "pref/reward_margin"}
 HOST_ACTIONS = ("log", "stop")
 
 
@@ -106,6 +107,14 @@ class StepMonitor:
                if isinstance(v, int | float) and not isinstance(v, bool)}
         row.setdefault("reward/mean", sum(float(r) for r in rewards) / max(len(rewards), 1))
         return self.monitor.after_step(step, batch, row)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> Decision:
+        """Check one step of a loop that has no completions to show, only logged metrics (TRL's DPO trainer:
+        `rewards/chosen`, `rewards/margins`, ...): the detectors that read metric rows (`preference_displacement`,
+        `kl_blowup`, `entropy_collapse`, ...) check them."""
+        row = {METRIC_NAMES.get(k, k): v for k, v in metrics.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+        return self.monitor.after_metrics(step, row)
 
     def close(self) -> None:
         self.monitor.close()

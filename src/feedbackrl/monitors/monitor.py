@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from feedbackrl.config import MonitorsConfig
-from feedbackrl.monitors.audit import AuditChannel, merge
+from feedbackrl.monitors.audit import PASS, AuditChannel, merge
 from feedbackrl.monitors.base import Alert, Detector
 from feedbackrl.monitors.record import RolloutBatch, StepRecord, sample_rows, spread
 from feedbackrl.monitors.registry import build_detectors
@@ -83,8 +83,8 @@ class Monitor:
 
     @property
     def needs_reference(self) -> bool:
-        """A raise_kl action needs a frozen reference even when the run starts with kl_coef = 0."""
-        return "raise_kl" in self.cfg.actions.values()
+        """A raise_kl action (or `monitors.reference`) needs a frozen reference even when kl_coef = 0."""
+        return self.cfg.reference or "raise_kl" in self.cfg.actions.values()
 
     @property
     def needs_rollback(self) -> bool:
@@ -100,6 +100,15 @@ class Monitor:
         alerts = self.observe(step, record, {**metrics, **stats})
         stats["monitor/alerts"] = float(len(alerts))
         stats.update({f"alert/{a.detector}": a.statistic for a in alerts})
+        self._write(record, alerts)
+        return Decision(stats, alerts)
+
+    def after_metrics(self, step: int, metrics: dict[str, Any]) -> Decision:
+        """A step with logged metrics and no completions to read (a host's DPO trainer): the detectors that read
+        metric rows check them, alerts are written as after `after_step`."""
+        record = StepRecord(step, [], [], [], [], [])
+        alerts = self.observe(step, record, dict(metrics))
+        stats = {"monitor/alerts": float(len(alerts)), **{f"alert/{a.detector}": a.statistic for a in alerts}}
         self._write(record, alerts)
         return Decision(stats, alerts)
 
@@ -139,8 +148,10 @@ class Monitor:
         record.gold = [None] * len(record)
         for i in rows:
             record.gold[i] = float(self.gold(problems[i], record.texts[i]))
+        false_pass = sum(record.rewards[i] >= PASS > record.gold[i] for i in rows)  # type: ignore[operator]
         return {"monitor/gold_mean": sum(record.gold[i] for i in rows) / len(rows),  # type: ignore[misc]
-                "monitor/proxy_mean": sum(record.rewards[i] for i in rows) / len(rows)}
+                "monitor/proxy_mean": sum(record.rewards[i] for i in rows) / len(rows),
+                "monitor/gold_false_pass": false_pass / len(rows)}
 
     def _audit(self, step: int, record: StepRecord, problems: list[Problem]) -> dict[str, float]:
         """Every `audit.every` steps (and at step 1): post a spread sample to each channel; every step: log

@@ -8,6 +8,7 @@ from typing import Any
 
 from feedbackrl.config import ConfigError
 from feedbackrl.monitors.base import Detector
+from feedbackrl.monitors.drift import Disagreement, KLPerReward, PreferenceDisplacement, TrainVsHeldOut
 from feedbackrl.monitors.hacking import (
     EnsembleDisagreement,
     FormatOnly,
@@ -24,6 +25,10 @@ DETECTORS: dict[str, Callable[..., Detector]] = {
     "format_only": FormatOnly,
     "proxy_gold": ProxyGoldDivergence,
     "prompt_copy": PromptCopy,
+    "kl_per_reward": KLPerReward,
+    "train_vs_heldout": TrainVsHeldOut,
+    "disagreement": Disagreement,
+    "preference_displacement": PreferenceDisplacement,
     "ensemble_disagreement": EnsembleDisagreement,
     "sandbox_cheat": SandboxCheat,
     "judge_address": JudgeAddress,

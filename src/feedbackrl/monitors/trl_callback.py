@@ -1,4 +1,4 @@
-"""feedbackrl's monitors as a `transformers.TrainerCallback`, for TRL's trainers (GRPO, RLOO, PPO-style).
+"""feedbackrl's monitors as a `transformers.TrainerCallback`, for TRL's trainers (GRPO, RLOO, DPO).
 
     from feedbackrl.monitors.trl_callback import MonitorCallback
 
@@ -16,6 +16,11 @@ over the completions scored since the last log, with TRL's logged metrics (`kl`,
 called before this callback do not see them), and honours a `stop` action
 (`control.should_training_stop`). Several watched reward functions: their rewards are added, as
 TRL does with equal weights. `rollback` and `raise_kl` are refused (the host owns its optimizer).
+
+A trainer with no reward function to watch (TRL's `DPOTrainer`): the callback, added without `watch`,
+checks the logged metrics alone at each log (`rewards/chosen`, `rewards/margins`, `entropy`, ...), so
+the detectors that read metric rows run: `preference_displacement` (the margin rises while the chosen
+answers grow less likely than under the reference), `entropy_collapse`. (TRL 1.x ships no PPO trainer.)
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class MonitorCallback(TrainerCallback):
         self._calls: dict[int, list[Any]] = {}  # id of the prompts list -> [prompts, completions, rewards, answers]
         self._order: list[int] = []
         self.decisions: list[Any] = []
+        self.watched = False  # a reward function is watched (GRPO, RLOO); else only logged metrics are read (DPO)
 
     @property
     def alerts(self) -> list[Any]:
@@ -51,6 +57,8 @@ class MonitorCallback(TrainerCallback):
 
     def watch(self, fn: Callable[..., list[float | None]]) -> Callable[..., list[float | None]]:
         """`fn` as TRL calls it, recording what it scored (a reward of None counts as 0 here)."""
+
+        self.watched = True
 
         @functools.wraps(fn)
         def watched(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
@@ -68,8 +76,12 @@ class MonitorCallback(TrainerCallback):
         return watched
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        if not self._order or logs is None or any(k.startswith("eval_") for k in logs):
+        if logs is None or any(k.startswith("eval_") for k in logs):
             return control
+        if not self._order:  # nothing watched (DPO: no reward function): the logged metrics alone
+            if self.watched:
+                return control  # a log between batches of a watched trainer
+            return self._decide(state, control, logs, self.monitor.log(state.global_step, logs))
         prompts, completions, rewards, answers = [], [], [], []
         have_answers = all(self._calls[k][3] is not None for k in self._order)
         for k in self._order:
@@ -82,6 +94,9 @@ class MonitorCallback(TrainerCallback):
         self._order.clear()
         decision = self.monitor.step(state.global_step, prompts, completions, rewards, logs,
                                      answers if have_answers else None)
+        return self._decide(state, control, logs, decision)
+
+    def _decide(self, state: Any, control: Any, logs: dict[str, Any], decision: Any) -> Any:
         self.decisions.append(decision)
         logs.update(decision.metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
