@@ -39,7 +39,7 @@ from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import ControlPPOConfig
 from feedbackrl.control.envs import make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
-from feedbackrl.control.rollout import Collector, rollout_advantages
+from feedbackrl.control.rollout import Collector, minibatch_indices, rollout_advantages
 
 
 def cartpole_expert(obs: np.ndarray) -> np.ndarray:
@@ -190,30 +190,26 @@ def assisted_update(policy: ActorCritic, optimizer: torch.optim.Optimizer, batch
     its own action), values, advantages (whitened), returns."""
     a = cfg.ppo
     n = batch["obs"].shape[0]
-    size = n // a.minibatches
     totals: dict[str, float] = {}
-    for _ in range(a.epochs):
-        perm = torch.randperm(n, generator=generator)
-        for i in range(a.minibatches):
-            idx = perm[i * size:(i + 1) * size]
-            b = {k: v[idx] for k, v in batch.items()}
-            own = (~b["taken"]).float()[:, None]
-            logp, entropy, values = policy.evaluate(b["obs"], b["agent_actions"])
-            pl, pstats = ppo_policy_loss(logp[:, None], b["logprobs"][:, None], b["advantages"][:, None], own, a.clip)
-            vl, _ = value_loss(values, b["values"], b["returns"], torch.ones_like(values), a.value_clip)
-            loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean()
-            prefer = b["taken"] & (b["expert_actions"] != b["agent_actions"])
-            tl = torch.zeros(())
-            if prefer.any():
-                expert_logp, _, _ = policy.evaluate(b["obs"], b["expert_actions"])
-                tl, _ = takeover_preference_loss(expert_logp, logp, prefer.float(), cfg.takeover_beta)
-                loss = loss + cfg.takeover_coef * tl
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-            optimizer.step()
-            for k, v in {"loss/policy": pl, "loss/value": vl, "loss/takeover": tl, **pstats}.items():
-                totals[k] = totals.get(k, 0.0) + float(v.detach()) / (a.epochs * a.minibatches)
+    for idx in minibatch_indices(n, a.minibatches, a.epochs, generator):
+        b = {k: v[idx] for k, v in batch.items()}
+        own = (~b["taken"]).float()[:, None]
+        logp, entropy, values = policy.evaluate(b["obs"], b["agent_actions"])
+        pl, pstats = ppo_policy_loss(logp[:, None], b["logprobs"][:, None], b["advantages"][:, None], own, a.clip)
+        vl, _ = value_loss(values, b["values"], b["returns"], torch.ones_like(values), a.value_clip)
+        loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean()
+        prefer = b["taken"] & (b["expert_actions"] != b["agent_actions"])
+        tl = torch.zeros(())
+        if prefer.any():
+            expert_logp, _, _ = policy.evaluate(b["obs"], b["expert_actions"])
+            tl, _ = takeover_preference_loss(expert_logp, logp, prefer.float(), cfg.takeover_beta)
+            loss = loss + cfg.takeover_coef * tl
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+        optimizer.step()
+        for k, v in {"loss/policy": pl, "loss/value": vl, "loss/takeover": tl, **pstats}.items():
+            totals[k] = totals.get(k, 0.0) + float(v.detach()) / (a.epochs * a.minibatches)
     return totals
 
 

@@ -36,7 +36,7 @@ from feedbackrl.config import ConfigError, ControlPPOConfig, RunConfig
 from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
-from feedbackrl.control.rollout import Collector, Rollout, rollout_advantages
+from feedbackrl.control.rollout import Collector, Rollout, minibatch_indices, rollout_advantages
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.monitors.report import alerts_section
@@ -128,22 +128,19 @@ def ppo_update(policy: ActorCritic, optimizer: torch.optim.Optimizer, ro: Rollou
     n = obs.shape[0]
     size = n // a.minibatches
     totals: dict[str, float] = {}
-    for _ in range(a.epochs):
-        perm = torch.randperm(n, generator=generator)
-        for i in range(a.minibatches):
-            idx = perm[i * size:(i + 1) * size]
-            logp, entropy, values = policy.evaluate(obs[idx], actions[idx])
-            ones = torch.ones(size, 1)
-            pl, pstats = ppo_policy_loss(logp[:, None], old_logp[idx][:, None], adv[idx][:, None], ones, a.clip)
-            vl, vstats = value_loss(values, old_values[idx], ret[idx], torch.ones_like(values), a.value_clip)
-            loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-            optimizer.step()
-            for k, v in {"loss/policy": pl, "loss/value": vl, "policy/entropy": entropy.mean(),
-                         "grad_norm": grad_norm, **pstats, "value/clip_frac": vstats["value/clip_frac"]}.items():
-                totals[k] = totals.get(k, 0.0) + float(v.detach()) / (a.epochs * a.minibatches)
+    for idx in minibatch_indices(n, a.minibatches, a.epochs, generator):
+        logp, entropy, values = policy.evaluate(obs[idx], actions[idx])
+        ones = torch.ones(size, 1)
+        pl, pstats = ppo_policy_loss(logp[:, None], old_logp[idx][:, None], adv[idx][:, None], ones, a.clip)
+        vl, vstats = value_loss(values, old_values[idx], ret[idx], torch.ones_like(values), a.value_clip)
+        loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+        optimizer.step()
+        for k, v in {"loss/policy": pl, "loss/value": vl, "policy/entropy": entropy.mean(),
+                     "grad_norm": grad_norm, **pstats, "value/clip_frac": vstats["value/clip_frac"]}.items():
+            totals[k] = totals.get(k, 0.0) + float(v.detach()) / (a.epochs * a.minibatches)
     return totals
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,3 +175,13 @@ def rollout_advantages(rewards: Tensor, values: Tensor, terminated: Tensor, trun
     padded_r[piece, pos], padded_v[piece, pos], mask[piece, pos] = shaped, values.float(), True
     adv, ret = gae(padded_r, padded_v, mask, gamma, lam)
     return adv[piece, pos], ret[piece, pos]
+
+
+def minibatch_indices(n: int, minibatches: int, epochs: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """PPO's minibatches over n flat steps: per epoch one permutation (drawn from `generator`), cut into
+    `minibatches` slices of n // minibatches indices (the remainder is left out of that epoch)."""
+    size = n // minibatches
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator)
+        for i in range(minibatches):
+            yield perm[i * size:(i + 1) * size]
