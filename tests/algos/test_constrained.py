@@ -66,6 +66,24 @@ def test_grpo_lagrangian_scaled_hand_computed():
     assert adv.tolist() == pytest.approx([0.235669, -0.235669, -0.471338, 0.471338], abs=1e-6)
 
 
+def test_grpo_lagrangian_constant_cost_group_adds_no_cost_noise():
+    # G = 4, lambda = 0.5. Group 0 is a word every completion pays for (costs 1, 1, 1, 1): its mean is exactly 1,
+    # so its cost advantage is 0 / (0 + 1e-4) = 0 exactly, and its combined advantage is the reward's alone,
+    # A_r / 1.5: the per-group std injects nothing into a group whose cost does not vary.
+    #   rewards (1, 0, 1, 0): unbiased std sqrt(1/3) = 0.577350 -> A_r = +-0.5 / 0.577450 = +-0.865875;
+    #   / 1.5 = +-0.577250.
+    # Group 1, rewards (1, 1, 0, 0) and costs (1, 0, 1, 0): A_r = (a, a, -a, -a), A_c = (a, -a, a, -a), a = 0.865875:
+    #   ((a - a/2) / 1.5, (a + a/2) / 1.5, (-a - a/2) / 1.5, (-a + a/2) / 1.5) = (0.288625, 0.865875, -0.865875,
+    #   -0.288625): the right answer that costs nothing keeps the whole reward advantage.
+    rewards, costs = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), torch.tensor([1.0, 1, 1, 1, 1, 0, 1, 0])
+    adv, stats = grpo_lagrangian_advantages(rewards, costs, group_size=4, lam=0.5)
+    assert stats["advantages/cost"][:4].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert adv[:4].tolist() == (stats["advantages/reward"][:4] / 1.5).tolist()
+    assert adv.tolist() == pytest.approx(
+        [0.577250, -0.577250, 0.577250, -0.577250, 0.288625, 0.865875, -0.865875, -0.288625], abs=1e-6
+    )
+
+
 def test_grpo_lagrangian_rejects_costs_of_another_shape():
     with pytest.raises(ValueError, match="one cost per completion"):
         grpo_lagrangian_advantages(torch.zeros(4), torch.zeros(2), group_size=2, lam=1.0)
