@@ -2,7 +2,7 @@
 
     python examples/safe_demo.py --out runs/safe_demo                 # all runs, then the summary and the plot
     python examples/safe_demo.py --out runs/safe_demo --summary       # only the summary and the plot
-    python examples/safe_demo.py --out runs/safe_demo --seeds 0 1 2 3 4 5 6  # 3-6: not used to choose anything
+    python examples/safe_demo.py --out runs/safe_demo --seeds 0 1 2 3 4 5 6 7 8 9  # 3-9: not used to choose anything
     python examples/safe_demo.py --out runs/safe_demo_ppo --algo ppo --seeds 0 --sft runs/safe_demo/sft
                                                                       # PPO against PPO-Lagrangian
 
