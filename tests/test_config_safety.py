@@ -123,3 +123,17 @@ def test_the_pessimistic_bound_needs_a_window_and_a_level():
     assert "constraint.window must be >= 2" in refused(cost=COST, constraint={"threshold": 0.2, "bound_delta": 0.1,
                                                                                "window": 1})
     assert "constraint.bound_delta" in refused(cost=COST, constraint={"threshold": 0.2, "bound_delta": 0.6})
+
+
+def test_the_bound_per_prompt_needs_a_bound_and_whole_groups():
+    ok = run(cost=COST, rollout={"group_size": 8},
+             constraint={"threshold": 0.4, "bound_delta": 0.1, "window": 1000, "bound_per_prompt": True})
+    assert ok.constraint.bound_per_prompt is True
+    assert "constraint.bound_delta = 0 uses no bound" in refused(
+        cost=COST, constraint={"threshold": 0.4, "bound_per_prompt": True})
+    assert "constraint.window = 1001 must be a multiple of rollout.group_size = 8" in refused(
+        cost=COST, rollout={"group_size": 8},
+        constraint={"threshold": 0.4, "bound_delta": 0.1, "window": 1001, "bound_per_prompt": True})
+    assert "holding at least 2 prompts" in refused(
+        cost=COST, rollout={"group_size": 8},
+        constraint={"threshold": 0.4, "bound_delta": 0.1, "window": 8, "bound_per_prompt": True})

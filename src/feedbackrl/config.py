@@ -319,6 +319,10 @@ class ConstraintConfig(Section):
     bound_delta: float = Field(0.0, ge=0, le=0.5, allow_inf_nan=False, description=(
         "0: J_C is the window's mean cost; in (0, 0.5]: its one-sided Student-t upper bound at this level "
         "(HC-RLHF's pessimism in the multiplier's update; needs window >= 2)"))
+    bound_per_prompt: bool = Field(False, description=(
+        "with bound_delta > 0: bound the mean of the window's per-prompt mean costs (n = window / "
+        "rollout.group_size) instead of its completions, whose costs within one prompt's group are not "
+        "independent; window must be a multiple of rollout.group_size"))
 
     @model_validator(mode="after")
     def _settings_of_its_multiplier(self) -> ConstraintConfig:
@@ -338,6 +342,9 @@ class ConstraintConfig(Section):
         if self.bound_delta > 0 and self.window < 2:
             raise ValueError(f"constraint.bound_delta = {self.bound_delta} bounds the mean of the window's costs: "
                              f"constraint.window must be >= 2, got {self.window}")
+        if self.bound_per_prompt and self.bound_delta == 0:
+            raise ValueError("constraint.bound_per_prompt sets what the upper bound is over, and "
+                             "constraint.bound_delta = 0 uses no bound: set bound_delta in (0, 0.5] or remove it")
         return self
 
 
@@ -689,6 +696,13 @@ class RunConfig(Section):
         if self.release is not None and self.constraint is None:
             raise ValueError("[release] tests the held-out cost against constraint.threshold: add a [constraint] "
                              "section (and its [cost])")
+        k, g = self.constraint, self.rollout.group_size
+        if k is not None and k.bound_per_prompt and self.control is not None:
+            raise ValueError("constraint.bound_per_prompt groups costs by prompt; a control run's costs come from "
+                             "environment steps, not prompts: remove it")
+        if k is not None and k.bound_per_prompt and (k.window % g or k.window // g < 2):
+            raise ValueError(f"constraint.bound_per_prompt bounds the window's per-prompt means: constraint.window = "
+                             f"{k.window} must be a multiple of rollout.group_size = {g} holding at least 2 prompts")
 
 
     def _check_sharded_learner(self) -> None:

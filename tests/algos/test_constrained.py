@@ -333,3 +333,33 @@ def test_the_upper_bound_needs_two_costs_and_a_valid_level():
     assert stats["constraint/cost_window_mean"] == 0.25 and state.lam < 1.0
     with pytest.raises(ValueError, match=r"delta must be in \(0, 0.5\]"):
         lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0], 0.5, bound_delta=0.7)
+
+
+def test_the_upper_bound_per_prompt_hand_computed():
+    # costs (1, 1 | 0, 0 | 1, 0), groups of 2 completions of one prompt each: prompt means 1, 0, 0.5 (mean 0.5,
+    # unbiased std 0.5, n = 3): U = 0.5 + t_{0.9,2} 0.5 / sqrt(3), t_{0.9,2} = 0.8 sqrt(2 / 0.36) = 1.885618
+    # (closed form for 2 degrees of freedom) -> U = 0.5 + 0.544331 = 1.044331. Over the 6 completions as if
+    # independent: std sqrt(1.5 / 5) = 0.547723, t_{0.9,5} = 1.475884: U = 0.5 + 0.330018 = 0.830018.
+    costs = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    grouped, stats = pid_lagrange_update(PIDLagrangeState(lam=0.0), costs, 0.5, kp=1.0, ki=0.0, kd=0.0,
+                                         bound_delta=0.1, bound_group=2)
+    assert stats["constraint/cost_window_mean"] == pytest.approx(1.044331, abs=1e-6)
+    assert grouped.lam == pytest.approx(0.544331, abs=1e-6)  # kp (U - 0.5)
+    _, flat = pid_lagrange_update(PIDLagrangeState(lam=0.0), costs, 0.5, kp=1.0, ki=0.0, kd=0.0, bound_delta=0.1)
+    assert flat["constraint/cost_window_mean"] == pytest.approx(0.830018, abs=1e-6)
+    # the same for the plain multiplier; without a bound the grouping changes nothing (the mean is the mean)
+    _, plain = lagrange_update(LagrangeState.initial(1.0), costs, 0.5, bound_delta=0.1, bound_group=2)
+    assert plain["constraint/cost_window_mean"] == stats["constraint/cost_window_mean"]
+    _, mean = lagrange_update(LagrangeState.initial(1.0), costs, 0.5, bound_group=2)
+    assert mean["constraint/cost_window_mean"] == 0.5
+
+
+def test_the_upper_bound_per_prompt_needs_whole_groups():
+    with pytest.raises(ValueError, match="not whole groups of 4"):
+        lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0, 0.0, 1.0, 1.0, 0.0], 0.5, bound_delta=0.1,
+                        bound_group=4)
+    with pytest.raises(ValueError, match="bound_group must be >= 1"):
+        lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0], 0.5, bound_delta=0.1, bound_group=0)
+    # one whole group: no spread between prompts to bound, J_C is its mean
+    _, stats = lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0, 0.0, 1.0], 0.5, bound_delta=0.1, bound_group=4)
+    assert stats["constraint/cost_window_mean"] == 0.5

@@ -178,3 +178,19 @@ def test_the_multiplier_takes_the_pessimistic_bound_from_the_recipe():
         want, want_stats = lagrange_update(LagrangeState.initial(1.0), costs, 0.5, 0.1, 128, 0, 5.0, delta)
         assert m.state == want and stats["constraint/cost_window_mean"] == want_stats["constraint/cost_window_mean"]
     assert m.lam > 1.0  # the bound is over the threshold where the mean (0.5) is not
+
+
+def test_the_multiplier_groups_the_bound_by_prompt_only_when_asked():
+    import torch
+
+    from feedbackrl.config import ConstraintConfig
+    from feedbackrl.train.constraint import Multiplier
+
+    costs = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    per_prompt = ConstraintConfig(threshold=0.5, lr=0.1, bound_delta=0.1, bound_per_prompt=True)
+    m = Multiplier.from_config(per_prompt, group_size=2)
+    assert m.bound_group == 2 and Multiplier.from_config(per_prompt).bound_group == 1
+    assert Multiplier.from_config(ConstraintConfig(threshold=0.5, bound_delta=0.1), group_size=2).bound_group == 1
+    stats = m.update(torch.tensor(costs))
+    want, want_stats = lagrange_update(LagrangeState.initial(1.0), costs, 0.5, 0.1, 128, 0, 5.0, 0.1, 2)
+    assert m.state == want and stats["constraint/cost_window_mean"] == want_stats["constraint/cost_window_mean"]

@@ -136,12 +136,26 @@ def _window_costs(window: tuple[float, ...], costs: Tensor | list[float], size: 
     return (window + tuple(values))[-size:]
 
 
-def _cost_estimate(recent: tuple[float, ...], bound_delta: float) -> float:
+def _cost_estimate(recent: tuple[float, ...], bound_delta: float, bound_group: int = 1) -> float:
     """J_C: the window's mean cost, or (bound_delta > 0) its one-sided Student-t upper bound at level bound_delta
-    (HC-RLHF's pessimism in the multiplier's update; the mean while the window holds a single cost)."""
+    (HC-RLHF's pessimism in the multiplier's update; the mean while the window holds a single cost).
+
+    bound_group > 1: the window's costs come in consecutive groups of that many completions of one prompt, which
+    are not independent draws; the bound is then over the groups' mean costs (n = groups, the mean unchanged),
+    so its width counts the spread between prompts instead of treating every completion as a sample."""
+    if bound_group < 1:
+        raise ValueError(f"bound_group must be >= 1, got {bound_group}")
     if bound_delta == 0 or len(recent) < 2:
         return sum(recent) / len(recent)
-    return mean_cost_upper_bound(list(recent), bound_delta).bound
+    if bound_group == 1:
+        return mean_cost_upper_bound(list(recent), bound_delta).bound
+    if len(recent) % bound_group:
+        raise ValueError(f"the window holds {len(recent)} costs, not whole groups of {bound_group}: the window and "
+                         "each step's costs must be multiples of the group size")
+    units = [sum(recent[i : i + bound_group]) / bound_group for i in range(0, len(recent), bound_group)]
+    if len(units) < 2:
+        return sum(recent) / len(recent)
+    return mean_cost_upper_bound(units, bound_delta).bound
 
 
 def _check_settings(window: int, delay: int, lambda_max: float) -> None:
@@ -178,19 +192,20 @@ class LagrangeState:
 
 
 def lagrange_update(state: LagrangeState, costs: Tensor | list[float], threshold: float, lr: float = 0.1,
-                    window: int = 128, delay: int = 0, lambda_max: float = 5.0, bound_delta: float = 0.0
-                    ) -> tuple[LagrangeState, dict[str, float]]:
+                    window: int = 128, delay: int = 0, lambda_max: float = 5.0, bound_delta: float = 0.0,
+                    bound_group: int = 1) -> tuple[LagrangeState, dict[str, float]]:
     """One Safe RLHF multiplier step from this step's per-completion costs (N,) -> new state, stats.
 
     log lambda <- min(log lambda + lr * lambda * (J_C - threshold), log lambda_max), J_C the mean of
-    the last `window` costs (with `bound_delta` > 0 their Student-t upper bound at that level instead);
+    the last `window` costs (with `bound_delta` > 0 their Student-t upper bound at that level instead, over the
+    means of consecutive groups of `bound_group` costs when it is > 1);
     no change while `state.step < delay` (the window still fills).
     Stats: `constraint/lambda` (after the step), `constraint/cost_window_mean` (J_C),
     `constraint/violation` (J_C - threshold) and `constraint/updated` (1.0 when lambda moved).
     """
     _check_settings(window, delay, lambda_max)
     recent = _window_costs(state.window, costs, window)
-    j_c = _cost_estimate(recent, bound_delta)
+    j_c = _cost_estimate(recent, bound_delta, bound_group)
     violation = j_c - threshold
     log_lambda, updated = state.log_lambda, state.step >= delay
     if updated:
@@ -225,19 +240,19 @@ class PIDLagrangeState:
 
 def pid_lagrange_update(state: PIDLagrangeState, costs: Tensor | list[float], threshold: float, kp: float,
                         ki: float, kd: float, window: int = 128, delay: int = 0, lambda_max: float = 5.0,
-                        bound_delta: float = 0.0) -> tuple[PIDLagrangeState, dict[str, float]]:
+                        bound_delta: float = 0.0, bound_group: int = 1) -> tuple[PIDLagrangeState, dict[str, float]]:
     """One PID-Lagrangian step (Stooke et al. 2020, algorithm 2) from this step's costs -> new state, stats.
 
     Delta = J_C - threshold; I <- min(max(0, I + Delta), lambda_max / ki); D = max(0, J_C - J_C_prev)
     (0 on the first update); lambda = min(max(0, kp Delta + ki I + kd D), lambda_max). With kp = kd = 0
     it is plain gradient ascent on lambda itself (not on log lambda) with rate ki. `bound_delta` > 0: J_C is
-    the window's Student-t upper bound at that level, as in `lagrange_update`.
+    the window's Student-t upper bound at that level (over groups of `bound_group`), as in `lagrange_update`.
     """
     _check_settings(window, delay, lambda_max)
     if min(kp, ki, kd) < 0:
         raise ValueError(f"PID gains must be >= 0; got kp={kp}, ki={ki}, kd={kd}")
     recent = _window_costs(state.window, costs, window)
-    j_c = _cost_estimate(recent, bound_delta)
+    j_c = _cost_estimate(recent, bound_delta, bound_group)
     violation = j_c - threshold
     new = replace(state, window=recent, step=state.step + 1)
     updated = state.step >= delay

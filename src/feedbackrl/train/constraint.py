@@ -38,11 +38,13 @@ class Multiplier:
 
     cfg: ConstraintConfig
     state: LagrangeState | PIDLagrangeState
+    bound_group: int = 1  # completions per prompt the bound groups by (constraint.bound_per_prompt), else 1
 
     @classmethod
-    def from_config(cls, cfg: ConstraintConfig) -> Multiplier:
+    def from_config(cls, cfg: ConstraintConfig, group_size: int = 1) -> Multiplier:
+        """`group_size`: the rollout's completions per prompt, which `bound_per_prompt` groups the window by."""
         state = LagrangeState.initial(cfg.init) if cfg.multiplier == "lagrangian" else PIDLagrangeState(lam=cfg.init)
-        return cls(cfg, state)
+        return cls(cfg, state, group_size if cfg.bound_per_prompt else 1)
 
     @property
     def lam(self) -> float:
@@ -54,10 +56,10 @@ class Multiplier:
         target = c.threshold - c.margin
         if isinstance(self.state, LagrangeState):
             self.state, stats = lagrange_update(self.state, costs, target, c.lr, c.window, c.delay, c.cap,
-                                                 c.bound_delta)
+                                                 c.bound_delta, self.bound_group)
         else:
             self.state, stats = pid_lagrange_update(self.state, costs, target, c.kp, c.ki, c.kd, c.window, c.delay,
-                                                    c.cap, c.bound_delta)
+                                                    c.cap, c.bound_delta, self.bound_group)
         return {**stats, "constraint/threshold": c.threshold}
 
     def state_dict(self) -> dict[str, Any]:

@@ -59,7 +59,8 @@ class GroupRelative:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg, self.name = cfg, cfg.algo.name
         # [constraint]: the Lagrange multiplier that keeps the mean cost under the threshold (train/constraint.py)
-        self.multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
+        self.multiplier = (Multiplier.from_config(cfg.constraint, cfg.rollout.group_size)
+                           if cfg.constraint is not None else None)
         self.aggregate = AGGREGATIONS[cfg.algo.aggregation]
 
     @classmethod

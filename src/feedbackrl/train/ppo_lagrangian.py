@@ -45,7 +45,7 @@ class PPOLagrangian(PPO):
     def __init__(self, cfg: RunConfig, value_head: nn.Module, cost_head: nn.Module) -> None:
         super().__init__(cfg, value_head)
         assert cfg.constraint is not None
-        self.cost_head, self.multiplier = cost_head, Multiplier.from_config(cfg.constraint)
+        self.cost_head, self.multiplier = cost_head, Multiplier.from_config(cfg.constraint, cfg.rollout.group_size)
 
     @classmethod
     def build(cls, cfg: RunConfig, model: PreTrainedModel) -> PPOLagrangian:
