@@ -266,6 +266,7 @@ def main() -> None:
         "refused when they overlap the scored seeds"))
     ap.add_argument("--allow-tuning-seeds", action="store_true", help="run on --tuned-on seeds (tuning runs)")
     ap.add_argument("--hacking-only", action="store_true", help="skip the clean twins")
+    ap.add_argument("--clean-only", action="store_true", help="only the clean twins (each distinct run once)")
     ap.add_argument("--score-only", action="store_true", help="score the finished runs in OUT, run nothing")
     ap.add_argument("--plot", type=Path, default=None, help="also draw seed 0's runs, alerts marked, to this PNG")
     args = ap.parse_args()
@@ -276,10 +277,13 @@ def main() -> None:
                          "(--tuned-on): score other seeds, or pass --allow-tuning-seeds for tuning runs")
     args.out.mkdir(parents=True, exist_ok=True)
     base = args.out.parent / "planted_base" if args.score_only else base_model(args.out.parent / "planted_base")
-    scores, bare = [], []
+    scores, bare, seen = [], [], set()
     for hack in args.hacks:
-        for closed in (False,) if args.hacking_only else (False, True):
+        for closed in (False,) if args.hacking_only else (True,) if args.clean_only else (False, True):
             for seed in range(args.first_seed, args.first_seed + args.seeds):
+                if args.clean_only and run_dir(args.out, hack, True, seed) in seen:
+                    continue  # the shared exact-match run, scored once
+                seen.add(run_dir(args.out, hack, True, seed))
                 if (scored := one_run(args, base, hack, closed, seed)) is None:
                     continue
                 s, b = scored
