@@ -13,6 +13,7 @@ from feedbackrl.monitors.drift import (
     PreferenceDisplacement,
     TrainVsHeldOut,
     false_pass_rise,
+    gain_se,
     kl_per_gain,
     rise,
 )
@@ -59,6 +60,31 @@ def test_kl_per_reward_quiet_when_the_reward_pays_for_the_kl_or_no_reference():
     assert run(KLPerReward(kl_min=0.05, ratio_max=1.0), no_ref) == []
     small = [{"reward/mean": 0.4, "kl/mean": 0.01} for _ in range(12)]  # ratio 0.2 but KL below kl_min
     assert run(KLPerReward(kl_min=0.05, ratio_max=0.1), small) == []
+
+
+def test_gain_se_and_the_confidence_bound_by_hand():
+    # base [0.3, 0.3]: variance 0; recent [0.4, 0.8]: mean 0.6, sample variance (0.2^2 + 0.2^2) / 1 = 0.08
+    # se = sqrt(0 / 2 + 0.08 / 2) = 0.2
+    assert gain_se([0.3, 0.3], [0.4, 0.8]) == pytest.approx(0.2)
+    assert gain_se([0.3], [0.9]) == 0.0  # windows of one step: no variance to read
+    kl, reward = [0.0, 0.0, 0.4, 0.6], [0.3, 0.3, 0.4, 0.8]
+    # KL now (0.4 + 0.6) / 2 = 0.5; gain 0.6 - 0.3 = 0.3: the point ratio 0.5 / 0.3, with z = 1 0.5 / (0.3 + 0.2)
+    assert kl_per_gain(kl, reward, 2, 0.05) == pytest.approx((0.5, 0.3, 0.5 / 0.3))
+    assert kl_per_gain(kl, reward, 2, 0.05, z=1.0) == pytest.approx((0.5, 0.3, 1.0))
+    rows = [{"reward/mean": r, "kl/mean": k} for k, r in zip(kl, reward, strict=True)]
+    assert [a.step for a in run(KLPerReward(window=2, kl_min=0.1, ratio_max=1.5), rows)] == [4]  # 1.67 >= 1.5
+    assert run(KLPerReward(window=2, kl_min=0.1, ratio_max=1.5, z=1.0), rows) == []  # 1.0 < 1.5
+
+
+def test_kl_per_reward_persist_needs_the_condition_on_consecutive_steps():
+    # the reward flat at 0.4 (gain 0 -> the floor 0.05); KL 0.2 every step but 0.0 at step 11
+    rows = [{"reward/mean": 0.4, "kl/mean": 0.0 if s == 11 else 0.2} for s in range(1, 18)]
+    # KL now (5 steps): 0.2 at step 10, then (4 x 0.2 + 0) / 5 = 0.16 < kl_min 0.18 at steps 11-15, 0.2 from 16
+    assert [a.step for a in run(KLPerReward(kl_min=0.18, ratio_max=1.0), rows)] == [10]
+    alerts = run(KLPerReward(kl_min=0.18, ratio_max=1.0, persist=2), rows)
+    assert [(a.step, round(a.statistic, 6)) for a in alerts] == [(17, 4.0)]  # held at 16 and 17; 0.2 / 0.05
+    assert "2 steps running" in alerts[0].message
+    assert run(KLPerReward(kl_min=0.18, ratio_max=1.0, persist=3), rows) == []  # 16, 17: only two in a row
 
 
 # --- train vs held-out -------------------------------------------------------------------------------------
