@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from common import provenance
 
+from feedbackrl.algos.confidence import wilson_interval
 from feedbackrl.config import MonitorsConfig, PeopleAuditConfig, RunConfig, build_config
 from feedbackrl.data.rows import read_jsonl
 from feedbackrl.envs.planted import HACKS, PlantedReverse
@@ -182,7 +183,10 @@ def summarise(scores: list[RunScore], hacks: list[str]) -> list[dict[str, Any]]:
         delays = [s.fall_step - s.detected_step for s in hacked if s.in_time]  # type: ignore[operator]
         rows.append({
             "hack": hack, "open_runs": len(opened), "runs": len(hacked),
+            "flagged": sum(s.detected_step is not None for s in hacked),
             "caught_in_time": sum(s.in_time for s in hacked),
+            "margins": [s.fall_step - s.detected_step for s in hacked  # type: ignore[operator]
+                        if s.detected_step is not None],  # steps before gold fell (< 0: after)
             "detected_step_median": statistics.median(d) if (d := [s.detected_step for s in hacked
                                                                    if s.detected_step is not None]) else None,
             "margin_median": statistics.median(delays) if delays else None,
@@ -298,12 +302,17 @@ def main() -> None:
         unlearned = [s for s in runs if not s.closed and not s.hacking]
         clean = {str(run_dir(args.out, s.hack, True, s.seed)): s for s in runs if s.closed}
         margins = [s.fall_step - s.detected_step for s in hacked if s.in_time]  # type: ignore[operator]
-        return {"hacking_runs": len(hacked), "caught_in_time": sum(s.in_time for s in hacked),
+        alarms = sum(s.false_alarm for s in clean.values())
+        return {"hacking_runs": len(hacked), "flagged": sum(s.detected_step is not None for s in hacked),
+                "caught_in_time": sum(s.in_time for s in hacked),
+                "caught_in_time_wilson95": wilson_interval(sum(s.in_time for s in hacked), len(hacked))
+                if hacked else None,
                 "margin_steps_median": statistics.median(margins) if margins else None,
                 "detected_step_median": statistics.median(d) if (d := [s.detected_step for s in hacked
                                                                        if s.detected_step is not None]) else None,
                 "unlearned_runs": len(unlearned), "unlearned_with_hacking_alert": sum(s.false_alarm for s in unlearned),
-                "clean_runs": len(clean), "clean_with_hacking_alert": sum(s.false_alarm for s in clean.values())}
+                "clean_runs": len(clean), "clean_with_hacking_alert": alarms,
+                "clean_alarm_wilson95": wilson_interval(alarms, len(clean)) if clean else None}
 
     (args.out / "results.json").write_text(json.dumps({
         "provenance": provenance(), "args": {k: str(v) for k, v in vars(args).items()},
