@@ -11,6 +11,8 @@ tuning runs' hacking runs caught in time minus their non-hacking runs alerting (
 least sensitive of equals (the grid is ordered from most to least sensitive; the last of equals wins).
 (A first rule, fewest false alarms first, chose for `kl_per_reward` a setting that caught none of the
 tuning runs; it was replaced on the tuning runs alone, before any held-out run was scored.)
+`kl_per_reward`'s grid also offers a confidence bound on the gain (`z`) and persistence (`persist`); on
+the tuning runs of 2026-12-03 neither was chosen (`docs/integrity.md`).
 The held-out runs are then scored with the chosen settings, each detector alone and per hack, and the
 JSON says which seeds were which. The shipped defaults in `monitors/drift.py` are the chosen settings.
 """

@@ -86,8 +86,8 @@ class KLPerReward(Detector):
     """
 
     window: int = 5
-    ratio_max: float = 2.0
-    kl_min: float = 0.5
+    ratio_max: float = 4.0
+    kl_min: float = 1.0
     gain_floor: float = 0.05
     z: float = 0.0
     persist: int = 1
