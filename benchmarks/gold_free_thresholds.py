@@ -14,7 +14,8 @@ tuning runs; it was replaced on the tuning runs alone, before any held-out run w
 `kl_per_reward`'s grid also offers a confidence bound on the gain (`z`) and persistence (`persist`); on
 the tuning runs of 2026-12-03 neither was chosen (`docs/integrity.md`).
 The held-out runs are then scored with the chosen settings, each detector alone and per hack, and the
-JSON says which seeds were which. The shipped defaults in `monitors/drift.py` are the chosen settings.
+JSON says which seeds were which. The shipped defaults in `monitors/drift.py` are the chosen settings
+(`kl_per_reward` from the AVX2 tuning runs of 2026-12-03, the other two from the AVX-512 runs of 2026-12-02).
 """
 
 from __future__ import annotations
