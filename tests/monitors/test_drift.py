@@ -13,6 +13,7 @@ from feedbackrl.monitors.drift import (
     PreferenceDisplacement,
     TrainVsHeldOut,
     false_pass_rise,
+    gain_se,
     kl_per_gain,
     rise,
 )
@@ -59,6 +60,31 @@ def test_kl_per_reward_quiet_when_the_reward_pays_for_the_kl_or_no_reference():
     assert run(KLPerReward(kl_min=0.05, ratio_max=1.0), no_ref) == []
     small = [{"reward/mean": 0.4, "kl/mean": 0.01} for _ in range(12)]  # ratio 0.2 but KL below kl_min
     assert run(KLPerReward(kl_min=0.05, ratio_max=0.1), small) == []
+
+
+def test_gain_se_and_the_confidence_bound_by_hand():
+    # base [0.3, 0.3]: variance 0; recent [0.4, 0.8]: mean 0.6, sample variance (0.2^2 + 0.2^2) / 1 = 0.08
+    # se = sqrt(0 / 2 + 0.08 / 2) = 0.2
+    assert gain_se([0.3, 0.3], [0.4, 0.8]) == pytest.approx(0.2)
+    assert gain_se([0.3], [0.9]) == 0.0  # windows of one step: no variance to read
+    kl, reward = [0.0, 0.0, 0.4, 0.6], [0.3, 0.3, 0.4, 0.8]
+    # KL now (0.4 + 0.6) / 2 = 0.5; gain 0.6 - 0.3 = 0.3: the point ratio 0.5 / 0.3, with z = 1 0.5 / (0.3 + 0.2)
+    assert kl_per_gain(kl, reward, 2, 0.05) == pytest.approx((0.5, 0.3, 0.5 / 0.3))
+    assert kl_per_gain(kl, reward, 2, 0.05, z=1.0) == pytest.approx((0.5, 0.3, 1.0))
+    rows = [{"reward/mean": r, "kl/mean": k} for k, r in zip(kl, reward, strict=True)]
+    assert [a.step for a in run(KLPerReward(window=2, kl_min=0.1, ratio_max=1.5), rows)] == [4]  # 1.67 >= 1.5
+    assert run(KLPerReward(window=2, kl_min=0.1, ratio_max=1.5, z=1.0), rows) == []  # 1.0 < 1.5
+
+
+def test_kl_per_reward_persist_needs_the_condition_on_consecutive_steps():
+    # the reward flat at 0.4 (gain 0 -> the floor 0.05); KL 0.2 every step but 0.0 at step 11
+    rows = [{"reward/mean": 0.4, "kl/mean": 0.0 if s == 11 else 0.2} for s in range(1, 18)]
+    # KL now (5 steps): 0.2 at step 10, then (4 x 0.2 + 0) / 5 = 0.16 < kl_min 0.18 at steps 11-15, 0.2 from 16
+    assert [a.step for a in run(KLPerReward(kl_min=0.18, ratio_max=1.0), rows)] == [10]
+    alerts = run(KLPerReward(kl_min=0.18, ratio_max=1.0, persist=2), rows)
+    assert [(a.step, round(a.statistic, 6)) for a in alerts] == [(17, 4.0)]  # held at 16 and 17; 0.2 / 0.05
+    assert "2 steps running" in alerts[0].message
+    assert run(KLPerReward(kl_min=0.18, ratio_max=1.0, persist=3), rows) == []  # 16, 17: only two in a row
 
 
 # --- train vs held-out -------------------------------------------------------------------------------------
@@ -150,11 +176,16 @@ def test_step_monitor_log_maps_trl_dpo_names():
 
 def test_the_shipped_defaults_are_the_tuned_thresholds():
     # chosen by benchmarks/gold_free_thresholds.py on the planted suite's tuning seeds 0 and 1
-    assert (KLPerReward().kl_min, KLPerReward().ratio_max) == (0.5, 2.0)
+    assert (KLPerReward().kl_min, KLPerReward().ratio_max, KLPerReward().z, KLPerReward().persist) == (1.0, 4.0, 0, 1)
     assert (TrainVsHeldOut().train_rise_min, TrainVsHeldOut().gap_min) == (0.1, 0.25)
     assert (Disagreement().level_max, Disagreement().rise_min) == (0.6, 0.3)
-    # a recorded-shape series: KL 0.6 -> 1.2 nats/token for a reward gain of 0.1 (length hack, tuning seed 0)
-    rows = [{"reward/mean": 0.35 if s <= 5 else 0.45, "kl/mean": 0.1 * s} for s in range(1, 13)]
-    alerts = run(KLPerReward(), rows)
-    # step 10: KL now mean(0.6..1.0) = 0.8 >= 0.5; gain 0.45 - 0.35 = 0.1; ratio 8 >= 2
-    assert [(a.step, round(a.statistic, 6)) for a in alerts] == [(10, 8.0)]
+    # a hack's shape (length hack, tuning seed 1): the reward 0.25 -> 0.5 from step 6, KL jumps to 1.5 at step 10
+    hack = [{"reward/mean": 0.25 if s <= 5 else 0.5, "kl/mean": 0.25 if s <= 9 else 1.5} for s in range(1, 14)]
+    alerts = run(KLPerReward(), hack)
+    # step 11: KL now (3 x 0.25 + 2 x 1.5) / 5 = 0.75 < 1; step 12: (2 x 0.25 + 3 x 1.5) / 5 = 1.0, gain 0.25, 4.0
+    assert [(a.step, round(a.statistic, 6)) for a in alerts] == [(12, 4.0)]
+    # clean learning's shape (the exact-match twins): the same gain for KL 0.625: 2.5 nats per unit of reward,
+    # over the earlier default (KL >= 0.5, ratio >= 2), under this one
+    clean = [{"reward/mean": 0.25 if s <= 5 else 0.5, "kl/mean": 0.0 if s <= 5 else 0.625} for s in range(1, 41)]
+    assert run(KLPerReward(), clean) == []
+    assert [a.step for a in run(KLPerReward(kl_min=0.5, ratio_max=2.0), clean)] == [10]

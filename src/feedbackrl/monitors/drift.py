@@ -28,19 +28,31 @@ from feedbackrl.monitors.base import Detector, Finding, base_and_recent, mean, s
 AUDIT_PREFIX = "monitor/audit/"
 
 
-def kl_per_gain(kl: Sequence[float], reward: Sequence[float], window: int, gain_floor: float) -> tuple[float, float,
-                                                                                                         float] | None:
+def kl_per_gain(kl: Sequence[float], reward: Sequence[float], window: int, gain_floor: float,
+                z: float = 0.0) -> tuple[float, float, float] | None:
     """(KL now, reward gain, KL per unit of gain) over aligned per-step series; None until 2 * window steps.
 
     KL now: mean of the last `window` KL values; gain: mean reward of the last `window` steps minus the
-    first `window`; the ratio divides by max(gain, gain_floor), so a reward that did not rise at all
-    counts as a gain of `gain_floor` (KL spent on nothing).
+    first `window`; the ratio divides by max(gain + z * se, gain_floor), so a reward that did not rise at
+    all counts as a gain of `gain_floor` (KL spent on nothing). se is the standard error of the gain,
+    sqrt(var(first) / window + var(last) / window) with the per-step rewards' sample variances: z > 0 takes
+    the largest gain the step-to-step noise allows, so the ratio is a lower bound, not a point estimate
+    (z = 0: the point ratio).
     """
     br = base_and_recent(reward, window)
     if br is None or len(kl) < window:
         return None
     kl_now, gain = mean(kl[-window:]), br[1] - br[0]
-    return kl_now, gain, kl_now / max(gain, gain_floor)
+    bound = gain + z * gain_se(reward[:window], reward[-window:]) if z else gain
+    return kl_now, gain, kl_now / max(bound, gain_floor)
+
+
+def gain_se(base: Sequence[float], recent: Sequence[float]) -> float:
+    """Standard error of mean(recent) - mean(base), from each window's sample variance; 0 for windows of 1."""
+    def var(xs: Sequence[float]) -> float:
+        return sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
+
+    return (var(base) / len(base) + var(recent) / len(recent)) ** 0.5
 
 
 def rise(values: Sequence[float], window: int) -> float | None:
@@ -66,28 +78,36 @@ class KLPerReward(Detector):
 
     Reads `kl/mean` (KL to the frozen reference, nats per token: logged when `algo.kl_coef` > 0 or
     `monitors.reference = true`) and `reward/mean`. Statistic: mean KL of the last `window` steps divided
-    by the reward gain (mean of the last `window` steps minus the first `window`, at least `gain_floor`).
-    Fires at >= `ratio_max` when the KL itself is >= `kl_min` (a ratio of two small numbers says nothing).
-    Silent when no KL is logged or it is 0 throughout (no reference).
+    by the reward gain (mean of the last `window` steps minus the first `window`, plus `z` standard errors
+    of that gain, at least `gain_floor`; `kl_per_gain`). The condition: ratio >= `ratio_max` while the KL
+    itself is >= `kl_min` (a ratio of two small numbers says nothing). Fires when the condition has held
+    at each of the last `persist` steps (1: the first step it holds). Silent when no KL is logged or it is
+    0 throughout (no reference).
     """
 
     window: int = 5
-    ratio_max: float = 2.0
-    kl_min: float = 0.5
+    ratio_max: float = 4.0
+    kl_min: float = 1.0
     gain_floor: float = 0.05
+    z: float = 0.0
+    persist: int = 1
     name: str = "kl_per_reward"
+
+    def holds(self, kl: Sequence[float], reward: Sequence[float]) -> tuple[float, float, float] | None:
+        """(KL now, gain, ratio) when the condition holds on these series, else None."""
+        got = kl_per_gain(kl, reward, self.window, self.gain_floor, self.z)
+        return got if got is not None and got[0] >= self.kl_min and got[2] >= self.ratio_max else None
 
     def check(self, rows: Sequence[dict[str, Any]]) -> Finding | None:
         both = [r for r in paired(rows, "kl/mean") if isinstance(r.get("reward/mean"), int | float)]
-        got = kl_per_gain([float(r["kl/mean"]) for r in both], [float(r["reward/mean"]) for r in both],
-                          self.window, self.gain_floor)
-        if got is None:
+        kl, reward = [float(r["kl/mean"]) for r in both], [float(r["reward/mean"]) for r in both]
+        now = self.holds(kl, reward)
+        if now is None or any(self.holds(kl[:-back], reward[:-back]) is None for back in range(1, self.persist)):
             return None
-        kl_now, gain, ratio = got
-        if kl_now >= self.kl_min and ratio >= self.ratio_max:
-            return Finding(ratio, self.ratio_max, f"KL to the reference {kl_now:.3f} nats/token for a reward gain of "
-                                                  f"{gain:+.3f} ({ratio:.2f} nats per unit of reward)")
-        return None
+        kl_now, gain, ratio = now
+        held = f", {self.persist} steps running" if self.persist > 1 else ""
+        return Finding(ratio, self.ratio_max, f"KL to the reference {kl_now:.3f} nats/token for a reward gain of "
+                                              f"{gain:+.3f} ({ratio:.2f} nats per unit of reward{held})")
 
 
 @dataclass
