@@ -8,7 +8,9 @@
   bypassed; the fraction of identical scores (1.0 for a deterministic judge).
 
 On the reversal task the pairs are the exact reversal against a corruption of it (the word
-copied, two letters swapped, a letter dropped or added), so gold always separates them.
+copied, two letters swapped, a letter dropped or added), so gold always separates them. On
+addition they are the true sum against a wrong one (the sum without its carries where that
+differs, else one or ten off).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from feedbackrl.rewards.judge import PairwiseJudge, PointwiseJudge
+from feedbackrl.envs.procedural.addition import no_carry_sum
+from feedbackrl.rewards.judge import LogprobPairwiseJudge, LogprobPointwiseJudge, PairwiseJudge, PointwiseJudge
 from feedbackrl.rewards.verdict import Problem
 
 Pair = tuple[Problem, str, str]
@@ -42,16 +45,39 @@ def corrupt(answer: str, rng: random.Random) -> str:
     return answer + rng.choice(answer)
 
 
-def reversal_pairs(problems: Sequence[Problem], seed: int = 0) -> list[Pair]:
-    """One (problem, a, b) per problem: the exact answer and a corruption, in a random order."""
+def wrong_sum(problem: Problem, rng: random.Random) -> str:
+    """A wrong answer to an addition problem (meta a, b): the sum without its carries where that differs
+    (the sloppy student's answer), else the sum one or ten off (never negative)."""
+    a, b = problem.meta["a"], problem.meta["b"]
+    total, sloppy = a + b, no_carry_sum(a, b)
+    if sloppy != total and rng.random() < 0.5:
+        return str(sloppy)
+    off = rng.choice([d for d in (-10, -1, 1, 10) if total + d >= 0])
+    return str(total + off)
+
+
+def gold_pairs(problems: Sequence[Problem], wrong: Callable[[Problem, random.Random], str],
+               seed: int = 0) -> list[Pair]:
+    """One (problem, a, b) per problem: the exact answer and `wrong(problem, rng)`, in a random order."""
     rng, out = random.Random(seed), []
     for p in problems:
-        right, wrong = p.answer, corrupt(p.answer, rng)
-        out.append((p, right, wrong) if rng.random() < 0.5 else (p, wrong, right))
+        right, bad = p.answer, wrong(p, rng)
+        out.append((p, right, bad) if rng.random() < 0.5 else (p, bad, right))
     return out
 
 
-def judge_quality(pairwise: PairwiseJudge, pointwise: PointwiseJudge | None, pairs: Sequence[Pair],
+def reversal_pairs(problems: Sequence[Problem], seed: int = 0) -> list[Pair]:
+    """One (problem, a, b) per problem: the exact answer and a corruption, in a random order."""
+    return gold_pairs(problems, lambda p, rng: corrupt(p.answer, rng), seed)
+
+
+def addition_pairs(problems: Sequence[Problem], seed: int = 0) -> list[Pair]:
+    """One (problem, a, b) per addition problem: the true sum and `wrong_sum`, in a random order."""
+    return gold_pairs(problems, wrong_sum, seed)
+
+
+def judge_quality(pairwise: PairwiseJudge | LogprobPairwiseJudge,
+                  pointwise: PointwiseJudge | LogprobPointwiseJudge | None, pairs: Sequence[Pair],
                   gold: Callable[[Problem, str], float], concurrency: int = 8) -> dict[str, Any]:
     """The three measures over `pairs` (see the module docstring); pairs with equal gold are skipped."""
     pairs = [p for p in pairs if gold(p[0], p[1]) != gold(p[0], p[2])]
@@ -65,7 +91,7 @@ def judge_quality(pairwise: PairwiseJudge, pointwise: PointwiseJudge | None, pai
         items = [(p[0], p[1]) for p in pairs] + [(p[0], p[2]) for p in pairs]
         with ThreadPoolExecutor(concurrency) as pool:
             first = list(pool.map(lambda it: pointwise(*it).score, items))
-            pointwise.chat.cache.clear()
+            pointwise.clear_cache()
             second = list(pool.map(lambda it: pointwise(*it).score, items))
         out["self_consistency"] = sum(a == b for a, b in zip(first, second, strict=True)) / max(len(items), 1)
     return out
