@@ -77,7 +77,7 @@ def matmul_table(model, m: int) -> list[dict]:
         y = torch.randn(m, k, generator=gen)
         w = torch.randn(n, k, generator=gen) * 0.02
         wt = w.t().contiguous()
-        packed = int8.pack(w, None)
+        packed, _ = int8.pack(w)
         lin = int8.Linear(w, None, None)
         out.append({"matmul": name, "m": m, "k": k, "n": n,
                     "fp32_mm_ms": time_ms(lambda: torch.mm(y, wt)),  # noqa: B023
