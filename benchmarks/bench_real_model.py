@@ -27,13 +27,17 @@ from common import load_average, provenance, summarize
 from run import HERE, RESULTS, LockStepWorker, _stop, alternate, cpu_name, log, run_worker, versions
 
 
+def _suffix(rollout_weights: str) -> str:
+    return "" if rollout_weights == "fp32" else f"_{rollout_weights}_rollouts"
+
+
 def lockstep(model: Path, length: int, sides: list[tuple[str, str, str]], warmup: int, timed: int, threads: int,
              logdir: Path) -> dict[str, Any]:
     """Workers (framework, precision, rollout weights) alternating step by step; -> per side step times, peak RSS."""
     steps = warmup + timed
     with contextlib.ExitStack() as stack:
         workers = [LockStepWorker(fw, model, length, steps, threads,
-                                  stack.enter_context(open(logdir / f"{fw}_{prec}_{rw}.log", "w")), prec,
+                                  stack.enter_context(open(logdir / f"{fw}_{prec}{_suffix(rw)}.log", "w")), prec,
                                   rollout_weights=rw)
                    for fw, prec, rw in sides]
         stack.callback(_stop, workers)
