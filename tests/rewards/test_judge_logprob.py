@@ -55,9 +55,11 @@ def test_pairwise_logprob_judge_averages_both_orders_by_hand():
                                                    "112": (-3.0, -1.0), "132": (-0.5, -4.0)}), "the sum is right")
     report = judge_quality(judge, pointwise, pairs, lambda p, c: float(c == p.answer), concurrency=1)
     # pair 2 given wrong-first: the judge now prefers its first response (0.65 > 0), still the wrong one, so
-    # agreement (1 + 0 + 0.5) / 3
+    # agreement (1 + 0 + 0.5) / 3. Pointwise, P(Yes) / (P(Yes) + P(No)): "122" 0.75 beats "12" 0.5 and "112" 0.12,
+    # loses to "132" 0.97: 2 / 3
     assert report == {"pairs": 3, "agreement": 0.5,
-                      "position_bias_rate": pytest.approx(2 / 3, abs=1e-15), "self_consistency": 1.0}
+                      "position_bias_rate": pytest.approx(2 / 3, abs=1e-15), "self_consistency": 1.0,
+                      "pointwise_agreement": pytest.approx(2 / 3, abs=1e-15)}
 
 
 def test_pointwise_logprob_judge_scores_p_yes_over_p_yes_plus_p_no():

@@ -6,6 +6,8 @@
   on which response came first).
 - self-consistency: the pointwise judge asked twice about the same response with the cache
   bypassed; the fraction of identical scores (1.0 for a deterministic judge).
+- pointwise agreement: the fraction of pairs where the pointwise judge scores the gold-better
+  response higher (equal scores count one half).
 
 On the reversal task the pairs are the exact reversal against a corruption of it (the word
 copied, two letters swapped, a letter dropped or added), so gold always separates them. On
@@ -94,4 +96,8 @@ def judge_quality(pairwise: PairwiseJudge | LogprobPairwiseJudge,
             pointwise.clear_cache()
             second = list(pool.map(lambda it: pointwise(*it).score, items))
         out["self_consistency"] = sum(a == b for a, b in zip(first, second, strict=True)) / max(len(items), 1)
+        n = len(pairs)  # first[i] scores pairs[i]'s first response, first[n + i] its second
+        wins = [(first[i] > first[n + i]) + 0.5 * (first[i] == first[n + i]) for i in range(n)]
+        out["pointwise_agreement"] = sum(w if gold(p[0], p[1]) > gold(p[0], p[2]) else 1 - w
+                                         for p, w in zip(pairs, wins, strict=True)) / max(n, 1)
     return out
