@@ -32,6 +32,8 @@ def quality(base_url: Annotated[str, typer.Option(help="OpenAI-compatible endpoi
                                                       "no text generated)")] = "generate",
             task: Annotated[str, typer.Option(help="the gold-checked pairs: 'reverse' (word reversals) or "
                                                    "'addition' (two-digit sums, right vs wrong)")] = "reverse",
+            reference: Annotated[bool, typer.Option(help="show the judge the gold answer (reference-guided "
+                                                         "judging)")] = False,
             model: Annotated[str, typer.Option(help="model name the endpoint serves")] = "judge",
             pairs: Annotated[int, typer.Option(help="held-out reversal pairs")] = 200,
             noise: Annotated[float, typer.Option(help="scripted judge only: P(random answer)")] = 0.0,
@@ -71,9 +73,11 @@ def quality(base_url: Annotated[str, typer.Option(help="OpenAI-compatible endpoi
 
     if scoring == "logprob":
         scorer = HFChoiceLogprobs(local_model)
-        result = judge_quality(LogprobPairwiseJudge(scorer, criterion),
-                               LogprobPointwiseJudge(scorer, criterion, task=description), pair_set, gold)
-        typer.echo(json.dumps({"local_model": local_model, "scoring": scoring, "task": task, **result}, indent=2))
+        result = judge_quality(LogprobPairwiseJudge(scorer, criterion, reference=reference),
+                               LogprobPointwiseJudge(scorer, criterion, task=description, reference=reference),
+                               pair_set, gold)
+        typer.echo(json.dumps({"local_model": local_model, "scoring": scoring, "task": task, "reference": reference,
+                               **result}, indent=2))
         return
     server = nullcontext(None)
     if base_url == "scripted":
@@ -94,7 +98,8 @@ def quality(base_url: Annotated[str, typer.Option(help="OpenAI-compatible endpoi
         chat = CachedChat(backend)
         rubric = Rubric((Criterion("correct" if task == "addition" else "reversed", 1.0, criterion),),
                         task=description)
-        result = judge_quality(PairwiseJudge(chat, criterion), PointwiseJudge(chat, rubric), pair_set, gold)
+        result = judge_quality(PairwiseJudge(chat, criterion, reference=reference),
+                               PointwiseJudge(chat, rubric, reference=reference), pair_set, gold)
         result["judge_tokens"] = chat.stats.prompt_tokens + chat.stats.completion_tokens
     where = {"local_model": local_model} if local_model else {"endpoint": base_url, "model": model}
-    typer.echo(json.dumps({**where, "scoring": scoring, "task": task, **result}, indent=2))
+    typer.echo(json.dumps({**where, "scoring": scoring, "task": task, "reference": reference, **result}, indent=2))

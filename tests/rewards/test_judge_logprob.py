@@ -62,6 +62,15 @@ def test_pairwise_logprob_judge_averages_both_orders_by_hand():
                       "pointwise_agreement": pytest.approx(2 / 3, abs=1e-15)}
 
 
+def test_log_prob_judges_show_the_reference_only_when_asked():
+    scorer = TableScorer({"12": (-1.0, -2.0), ("12", "122"): (-1.0, -2.0), ("122", "12"): (-1.0, -2.0)})
+    for reference in (False, True):
+        LogprobPointwiseJudge(scorer, "the sum is right", reference=reference)(PROBLEM, "12")
+        LogprobPairwiseJudge(scorer, "the sum is right", reference=reference).compare(PROBLEM, "12", "122")
+    msgs = [LogprobPointwiseJudge(scorer, "c", reference=r).messages(PROBLEM, "12")[-1]["content"] for r in (0, 1)]
+    assert "<reference>" not in msgs[0] and "<reference>\n122\n</reference>" in msgs[1]
+
+
 def test_pointwise_logprob_judge_scores_p_yes_over_p_yes_plus_p_no():
     scorer = TableScorer({"122": (-1.0, -1.0 - math.log(3)), "12": (-2.0, -2.0), "112": (-3.0, -1.0)})
     judge = LogprobPointwiseJudge(scorer, "the sum is right")
@@ -134,6 +143,10 @@ def test_judge_quality_cli_with_logprob_scoring(tiny_model_dir):
         str(tiny_model_dir), "logprob", "addition", 6)
     assert report["self_consistency"] == 1.0  # a forward pass gives the same numbers twice
     assert report["agreement"] * 12 == round(report["agreement"] * 12)  # wins, losses and exact ties only
+    assert report["reference"] is False
+    ref = CliRunner().invoke(app, ["judge", "quality", "--local-model", str(tiny_model_dir), "--scoring", "logprob",
+                                   "--task", "addition", "--pairs", "2", "--reference"])
+    assert ref.exit_code == 0 and json.loads(ref.output)["reference"] is True, ref.output
     bad = CliRunner().invoke(app, ["judge", "quality", "--base-url", "scripted", "--scoring", "logprob"])
     assert bad.exit_code != 0 and "logprob needs --local-model" in bad.output
     bad = CliRunner().invoke(app, ["judge", "quality", "--base-url", "scripted", "--task", "sorting"])
