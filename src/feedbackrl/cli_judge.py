@@ -42,7 +42,7 @@ def quality(base_url: Annotated[str, typer.Option(help="OpenAI-compatible endpoi
     """Agreement with the gold check, position-bias rate and self-consistency, as JSON."""
     from contextlib import nullcontext
 
-    from feedbackrl.envs.procedural.addition import AdditionTask
+    from feedbackrl.envs.procedural.addition import AdditionTask, wrong_sum
     from feedbackrl.envs.procedural.reverse import ReverseTask
     from feedbackrl.rewards.judge import (
         Criterion,
@@ -53,7 +53,7 @@ def quality(base_url: Annotated[str, typer.Option(help="OpenAI-compatible endpoi
         Rubric,
     )
     from feedbackrl.rewards.judge_backends import CachedChat, HFChat, HFChoiceLogprobs, OpenAIChat
-    from feedbackrl.rewards.judge_quality import addition_pairs, judge_quality, reversal_pairs
+    from feedbackrl.rewards.judge_quality import gold_pairs, judge_quality, reversal_pairs
 
     if bool(base_url) == bool(local_model):
         raise typer.BadParameter("give exactly one of --base-url (an endpoint) and --local-model (a local model), "
@@ -66,7 +66,7 @@ def quality(base_url: Annotated[str, typer.Option(help="OpenAI-compatible endpoi
         raise typer.BadParameter(f"--task must be one of {sorted(TASKS)}, got {task!r}")
     criterion, description = TASKS[task]
     env = ReverseTask() if task == "reverse" else AdditionTask(digits=2)
-    pair_set = (reversal_pairs if task == "reverse" else addition_pairs)(env.heldout(pairs))
+    pair_set = reversal_pairs(env.heldout(pairs)) if task == "reverse" else gold_pairs(env.heldout(pairs), wrong_sum)
 
     def gold(p, c):
         return env.verify(p, c).score

@@ -12,9 +12,10 @@ import pytest
 import torch
 from fp32 import decoder_logprob_tolerance, float64_copy
 
+from feedbackrl.envs.procedural.addition import wrong_sum
 from feedbackrl.feedback.judge_server import tag
 from feedbackrl.rewards.judge import LogprobPairwiseJudge, LogprobPointwiseJudge
-from feedbackrl.rewards.judge_quality import addition_pairs, judge_quality, wrong_sum
+from feedbackrl.rewards.judge_quality import gold_pairs, judge_quality
 from feedbackrl.rewards.verdict import Problem
 
 PROBLEM = Problem("37+85=", "122", {"a": 37, "b": 85})
@@ -111,7 +112,7 @@ def test_addition_pairs_hold_the_true_sum_and_a_plausible_wrong_one():
     from feedbackrl.envs.procedural.addition import AdditionTask
 
     task = AdditionTask(digits=2)
-    pairs = addition_pairs(task.heldout(60))
+    pairs = gold_pairs(task.heldout(60), wrong_sum)
     firsts = 0
     for p, a, b in pairs:
         gold = [task.verify(p, x).score for x in (a, b)]

@@ -10,9 +10,9 @@
   response higher (equal scores count one half).
 
 On the reversal task the pairs are the exact reversal against a corruption of it (the word
-copied, two letters swapped, a letter dropped or added), so gold always separates them. On
-addition they are the true sum against a wrong one (the sum without its carries where that
-differs, else one or ten off).
+copied, two letters swapped, a letter dropped or added), so gold always separates them. `gold_pairs`
+takes any task's wrong answers, e.g. the addition task's `wrong_sum` (the sum without its carries,
+or one or ten off).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from feedbackrl.envs.procedural.addition import no_carry_sum
 from feedbackrl.rewards.judge import LogprobPairwiseJudge, LogprobPointwiseJudge, PairwiseJudge, PointwiseJudge
 from feedbackrl.rewards.verdict import Problem
 
@@ -47,17 +46,6 @@ def corrupt(answer: str, rng: random.Random) -> str:
     return answer + rng.choice(answer)
 
 
-def wrong_sum(problem: Problem, rng: random.Random) -> str:
-    """A wrong answer to an addition problem (meta a, b): the sum without its carries where that differs
-    (the sloppy student's answer), else the sum one or ten off (never negative)."""
-    a, b = problem.meta["a"], problem.meta["b"]
-    total, sloppy = a + b, no_carry_sum(a, b)
-    if sloppy != total and rng.random() < 0.5:
-        return str(sloppy)
-    off = rng.choice([d for d in (-10, -1, 1, 10) if total + d >= 0])
-    return str(total + off)
-
-
 def gold_pairs(problems: Sequence[Problem], wrong: Callable[[Problem, random.Random], str],
                seed: int = 0) -> list[Pair]:
     """One (problem, a, b) per problem: the exact answer and `wrong(problem, rng)`, in a random order."""
@@ -71,11 +59,6 @@ def gold_pairs(problems: Sequence[Problem], wrong: Callable[[Problem, random.Ran
 def reversal_pairs(problems: Sequence[Problem], seed: int = 0) -> list[Pair]:
     """One (problem, a, b) per problem: the exact answer and a corruption, in a random order."""
     return gold_pairs(problems, lambda p, rng: corrupt(p.answer, rng), seed)
-
-
-def addition_pairs(problems: Sequence[Problem], seed: int = 0) -> list[Pair]:
-    """One (problem, a, b) per addition problem: the true sum and `wrong_sum`, in a random order."""
-    return gold_pairs(problems, wrong_sum, seed)
 
 
 def judge_quality(pairwise: PairwiseJudge | LogprobPairwiseJudge,
