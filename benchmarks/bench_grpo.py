@@ -13,7 +13,8 @@ Settings (the baseline's bench_trl.py `worker_grpo`): 8 prompts x 8 samples = 64
 step, EOS suppressed (`min_new_tokens` = L) so every step generates and trains on exactly 64 x L
 tokens, lr 1e-4, KL coefficient 0 (no reference model), one optimisation pass per batch, clip 0.2,
 grad-norm clip 1.0, token-mean (DAPO) loss, group-std-scaled advantages, fp32 (or `--precision bf16`), no gradient
-checkpointing. The first `--warmup` steps are timed but excluded from the medians.
+checkpointing. The first `--warmup` steps are timed but excluded from the medians. `--rollout-weights int8`
+(feedbackrl only) samples the rollouts with int8 matmuls (`rollout.weights = "int8"`), training stays fp32.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def run_feedbackrl(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = build_config({
         "rollout": {"prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP, "max_new_tokens": args.length,
-                    "temperature": 1.0, "top_p": 1.0, "min_new_tokens": args.length},
+                    "temperature": 1.0, "top_p": 1.0, "min_new_tokens": args.length,
+                    "weights": args.rollout_weights},
         "algo": {"name": "grpo", "steps": args.steps, "lr": LR, "kl_coef": 0.0, "epochs": 1, "minibatches": 1,
                  "clip_low": 0.2, "clip_high": 0.2, "max_grad_norm": 1.0, "weight_decay": 0.0,
                  "aggregation": "token_mean", "scale_advantages": True},
@@ -139,7 +141,11 @@ def main() -> None:
                     help="feedbackrl: train.micro_batch_size (0 = all 64 completions in one forward/backward)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: feedbackrl's train.precision (autocast, fp32 master weights); TRL's bf16=True")
+    ap.add_argument("--rollout-weights", choices=["fp32", "int8"], default="fp32",
+                    help="feedbackrl: rollout.weights (int8: int8 sampling, importance-weighted; training fp32)")
     args = ap.parse_args()
+    if args.framework == "trl" and args.rollout_weights != "fp32":
+        ap.error("--rollout-weights is feedbackrl's option; TRL samples with the model's own weights")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     setup_threads(args.threads)
     res = (run_feedbackrl if args.framework == "feedbackrl" else run_trl)(args)

@@ -81,13 +81,17 @@ class LockStepWorker:
     """
 
     def __init__(self, framework: str, model: Path, length: int, steps: int, threads: int, logfile: IO[str],
-                 precision: str = "fp32", tree: Path | None = None, name: str | None = None):
+                 precision: str = "fp32", tree: Path | None = None, name: str | None = None,
+                 rollout_weights: str = "fp32"):
         self.name = name or (framework if precision == "fp32" else f"{framework}_{precision}")
+        if rollout_weights != "fp32" and name is None:
+            self.name += f"_{rollout_weights}_rollouts"
         script, env = HERE / "bench_grpo.py", worker_env(threads)
         if tree is not None:
             script, env = tree / "benchmarks" / "bench_grpo.py", {**env, "PYTHONPATH": str(tree / "src")}
-        # only a non-default precision is passed: older checkouts' bench_grpo.py has no --precision
+        # only non-default options are passed: older checkouts' bench_grpo.py has neither
         extra = [] if precision == "fp32" else ["--precision", precision]
+        extra += [] if rollout_weights == "fp32" else ["--rollout-weights", rollout_weights]
         self.proc = subprocess.Popen(
             [sys.executable, str(script), framework, "--model", str(model), "--length", str(length),
              "--steps", str(steps), "--threads", str(threads), *extra],

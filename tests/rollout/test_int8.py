@@ -37,17 +37,36 @@ def test_int8_matmul_within_its_quantisation_bound():
     truth = y.double() @ w.double().T + bias.double()
     rest = torch.ones(n_in, dtype=torch.bool)
     rest[planted] = False
-    for reduce, qmax in ((False, 255), (True, 127)):
+    # 8-bit activations only where the CPU has VNNI: without it the kernel's int16 pair sums saturate (an error
+    # of ~9 here on an AVX2-only CPU), which is why the decoder keeps them to 7 bits there (`reduce_range`)
+    for reduce, qmax in ((True, 127),) if int8.reduce_range() else ((False, 255), (True, 127)):
         got = lin(y, reduce)
         s = w.abs().amax(1).double() / 127  # (out,)
         yr, wr = y[:, rest].double().abs(), w[:, rest].double().abs()
         r = yr.amax(1, keepdim=True)  # (M, 1)
         bound = yr.sum(1, keepdim=True) * s / 2 + r * (2 / qmax) * (wr.sum(1) + s * rest.sum() / 2)
-        bound += gamma(n_in + 2) * (y.double().abs() @ w.double().abs().T + bias.double().abs())
+        # float32 rounding: the sums, the activation's step, the weight row's step, the row scale, the bias
+        bound += gamma(n_in + 4) * (y.double().abs() @ w.double().abs().T + bias.double().abs())
         err = (got.double() - truth).abs()
         assert (err <= bound).all(), f"reduce_range={reduce}: error {err.max():.3e} above its bound"
         # the planted channels are exact: without them in float32 the error would be ~1000x the bound
         assert err.max() < 0.05 * truth.abs().max(), err.max()
+
+
+def test_packed_weights_are_each_rows_127_levels():
+    # the kernel multiplies by q (int8, step 1); each output column is then scaled by its row's step s
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(24, 40, generator=g)
+    w[3] = 0.0  # an all-zero row: a tiny step, q = 0
+    lin = int8.Linear(w, None)
+    q = torch.ops.quantized.linear_unpack(lin.packed)[0]
+    assert q.qscheme() == torch.per_tensor_affine and q.q_scale() == 1.0 and q.q_zero_point() == 0
+    s = w.abs().amax(1) / 127
+    assert torch.equal(lin.scale[torch.arange(24) != 3], s[torch.arange(24) != 3])
+    levels = q.int_repr()
+    assert levels.abs().amax(1).tolist() == [127] * 3 + [0] + [127] * 20  # every row's largest weight at +-127
+    err = (int8.dequantized(lin) - w).abs()
+    assert (err <= s[:, None] / 2 * (1 + 2**-20)).all()  # rounding to the nearest level
 
 
 def test_outlier_channels_are_taken_out_of_the_int8_product():
@@ -56,10 +75,10 @@ def test_outlier_channels_are_taken_out_of_the_int8_product():
     y, w = torch.randn(4, 64, generator=g), torch.randn(32, 64, generator=g)
     y[:, 5] *= 1000.0
     truth = y.double() @ w.double().T
-    with_outliers = (int8.Linear(w, None)(y, False).double() - truth).abs().max()
+    with_outliers = (int8.Linear(w, None)(y, int8.reduce_range()).double() - truth).abs().max()
     int8.OUTLIER_CHANNELS, saved = 0, int8.OUTLIER_CHANNELS
     try:
-        without = (int8.Linear(w, None)(y, False).double() - truth).abs().max()
+        without = (int8.Linear(w, None)(y, int8.reduce_range()).double() - truth).abs().max()
     finally:
         int8.OUTLIER_CHANNELS = saved
     assert with_outliers * 20 < without, (with_outliers, without)

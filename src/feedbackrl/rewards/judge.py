@@ -9,6 +9,9 @@
   cancels (Zheng et al. 2023, section 3.4: swap positions, count inconsistent verdicts as ties);
   `group_scores` turns a group's round robin into per-response win rates for GRPO.
 - `Hybrid`: rule checks for hard constraints gate the judge, which only scores the soft ones.
+- `LogprobPointwiseJudge`, `LogprobPairwiseJudge`: a local model judging without writing a reply, from
+  the log-probabilities of the replies "Yes" / "No" (pointwise) or "A" / "B" (pairwise, both orders
+  averaged), for models too small to follow a JSON answer format.
 
 Every verdict carries the judge's rationale. Judges never raise on a bad answer or a dead
 endpoint; they return a zero verdict that says which. Calls run concurrently (`concurrency`
@@ -19,13 +22,14 @@ token/cost metrics (`judge/*`).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from feedbackrl.rewards.judge_backends import CachedChat, JudgeUnavailable, Messages
+from feedbackrl.rewards.judge_backends import CachedChat, ChoiceScorer, JudgeUnavailable, Messages
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
 
 
@@ -165,6 +169,10 @@ class PointwiseJudge:
         return Verdict(score, score >= self.pass_score, rationale or f"judge score {score:.2f}",
                        {"judge": self.chat.backend.name, "scores": scores, "attempts": attempts})
 
+    def clear_cache(self) -> None:
+        """Forget cached replies, so the next calls ask the judge again."""
+        self.chat.cache.clear()
+
     def verify_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
         """One verdict per completion, `concurrency` judge calls at a time, in order."""
         with ThreadPoolExecutor(self.concurrency) as pool:
@@ -222,6 +230,78 @@ class PairwiseJudge:
             wins[j] += 1 - r.p_first
         ties = [sum(completions[i] == completions[j] for j in range(n) if j != i) for i in range(n)]
         return [(wins[i] + 0.5 * ties[i]) / (n - 1) if n > 1 else 0.5 for i in range(n)]
+
+
+LOGPROB_POINT_SYSTEM = ("You are a strict grader. {task}\nCriterion: {criterion}\nDoes the response meet the "
+                        "criterion? Answer with only Yes or No.")
+LOGPROB_PAIR_SYSTEM = ("You are a strict grader. Compare two responses to the task: {criterion}\nWhich response is "
+                       "better? Answer with only A or B.")
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+@dataclass
+class LogprobPointwiseJudge:
+    """A `RewardSource` from a local model's log-probs of the replies "Yes" and "No": no text is generated.
+
+    score = P(Yes) / (P(Yes) + P(No)) = sigmoid(log P(Yes) - log P(No)), passing at >= `pass_score`. The
+    model's probability of any other reply is left out, so a model that would rather write prose still gives
+    a reading. Deterministic, so asking twice gives the same score.
+    """
+
+    scorer: ChoiceScorer
+    criterion: str
+    task: str = "Judge the response to the task."
+    reference: bool = False
+    pass_score: float = 0.5
+    choices: tuple[str, str] = ("Yes", "No")
+
+    def messages(self, problem: Problem, completion: str) -> Messages:
+        return [{"role": "system", "content": LOGPROB_POINT_SYSTEM.format(task=self.task, criterion=self.criterion)},
+                {"role": "user", "content": _user(problem, self.reference, response=completion)}]
+
+    def __call__(self, problem: Problem, completion: str) -> Verdict:
+        yes, no = self.scorer.choice_logprobs(self.messages(problem, completion), self.choices)
+        score = 1.0 / (1.0 + math.exp(no - yes))
+        return Verdict(score, score >= self.pass_score, f"log P({self.choices[0]}) - log P({self.choices[1]}) = "
+                       f"{yes - no:.3f}", {"judge": self.scorer.name, "logprob_yes": yes, "logprob_no": no})
+
+    def verify_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
+        return [self(p, c) for p, c in zip(problems, completions, strict=True)]
+
+    def clear_cache(self) -> None:
+        """Nothing is cached: every call runs the model."""
+
+
+@dataclass
+class LogprobPairwiseJudge:
+    """Pairwise comparison from a local model's log-probs of the replies "A" and "B", in both orders.
+
+    In each order the margin is log P(A) - log P(B) (> 0: the response shown first is preferred). The first
+    response's score is the mean over both orders, (margin(first, second) - margin(second, first)) / 2: it
+    wins above 0, loses below, ties at exactly 0, so a constant lean towards one letter cancels. `consistent`
+    when the two orders pick the same response (on their own, before averaging).
+    """
+
+    scorer: ChoiceScorer
+    criteria: str = "which response does the task better?"
+    reference: bool = False
+    choices: tuple[str, str] = ("A", "B")
+
+    def margin(self, problem: Problem, a: str, b: str) -> float:
+        msgs = [{"role": "system", "content": LOGPROB_PAIR_SYSTEM.format(criterion=self.criteria)},
+                {"role": "user", "content": _user(problem, self.reference, response_a=a, response_b=b)}]
+        la, lb = self.scorer.choice_logprobs(msgs, self.choices)
+        return la - lb
+
+    def compare(self, problem: Problem, first: str, second: str) -> PairResult:
+        ab, ba = self.margin(problem, first, second), self.margin(problem, second, first)
+        score = (ab - ba) / 2
+        p_first = 1.0 if score > 0 else 0.0 if score < 0 else 0.5
+        return PairResult(p_first, _sign(ab) == -_sign(ba),
+                          (f"first shown first: margin {ab:.3f}", f"second shown first: margin {ba:.3f}"))
 
 
 def groupwise_reward(judge: PairwiseJudge) -> Any:

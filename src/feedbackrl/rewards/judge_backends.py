@@ -1,8 +1,12 @@
 """Where a judge's answers come from: any OpenAI-compatible chat endpoint, or a local HF model.
 
+A local model can also judge without writing a reply: `HFChoiceLogprobs` reads the log-probabilities of
+fixed replies ("Yes" / "No", "A" / "B"), which the log-prob judges of `rewards/judge.py` compare.
+
 A backend turns chat messages into one reply text with token counts. `CachedChat` wraps a
 backend with a cache keyed by (judge, messages) and per-step accounting (calls, cache hits,
-tokens, cost, timeouts); the judges in `rewards/judge.py` only ever talk to a `CachedChat`.
+tokens, cost, timeouts); the judges in `rewards/judge.py` that read replies only ever talk to a
+`CachedChat`.
 
 The OpenAI client (`pip install 'feedbackrl[judge]'`) speaks to the OpenAI API, vLLM, SGLang,
 llama.cpp's server or anything else with `/v1/chat/completions`; it is imported only when an
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -174,3 +179,57 @@ class CachedChat:
         return {"judge/calls": s.calls, "judge/cache_hits": s.cache_hits, "judge/prompt_tokens": s.prompt_tokens,
                 "judge/completion_tokens": s.completion_tokens, "judge/unparsable": s.unparsable,
                 "judge/unavailable": s.unavailable, "judge/cost_usd": cost}
+
+
+class ChoiceScorer(Protocol):
+    """Log-probabilities of fixed reply texts (e.g. "Yes" / "No") as the judge's whole reply: no text is generated."""
+
+    name: str
+
+    def choice_logprobs(self, messages: Messages, choices: Sequence[str]) -> list[float]: ...
+
+
+@dataclass
+class HFChoiceLogprobs:
+    """A local Hugging Face causal LM scoring each choice as the reply to `messages`: the sum of the choice's token
+    log-probs after the prompt (the chat template with its generation prompt when the tokenizer has one).
+
+    One forward pass per call when every choice is one token (the next-token log-softmax read at each choice's
+    token), one per choice otherwise. Deterministic: the same messages give the same numbers.
+    """
+
+    path: str
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        from feedbackrl.models.load import load_policy, load_tokenizer
+
+        self.name = self.name or f"hf-logprobs:{self.path}"
+        self._model, self._tok = load_policy(self.path).eval(), load_tokenizer(self.path)
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, messages: Messages) -> list[int]:
+        if getattr(self._tok, "chat_template", None):
+            text = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\n\nassistant: "
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def choice_logprobs(self, messages: Messages, choices: Sequence[str]) -> list[float]:
+        import torch
+
+        prompt = self.prompt_ids(messages)
+        ids = [list(self._tok(c, add_special_tokens=False)["input_ids"]) for c in choices]
+        if any(not c for c in ids):
+            raise ValueError(f"every choice must be at least one token, got {list(choices)!r}")
+        with self._lock, torch.no_grad():
+            if all(len(c) == 1 for c in ids):
+                logits = self._model(torch.tensor([prompt])).logits[0, -1].float()
+                lp = torch.log_softmax(logits, dim=-1)
+                return [float(lp[c[0]]) for c in ids]
+            out = []
+            for c in ids:
+                logits = self._model(torch.tensor([prompt + c])).logits[0, len(prompt) - 1 : -1].float()
+                lp = torch.log_softmax(logits, dim=-1)
+                out.append(float(lp[torch.arange(len(c)), torch.tensor(c)].sum()))
+            return out

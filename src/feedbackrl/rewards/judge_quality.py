@@ -6,9 +6,13 @@
   on which response came first).
 - self-consistency: the pointwise judge asked twice about the same response with the cache
   bypassed; the fraction of identical scores (1.0 for a deterministic judge).
+- pointwise agreement: the fraction of pairs where the pointwise judge scores the gold-better
+  response higher (equal scores count one half).
 
 On the reversal task the pairs are the exact reversal against a corruption of it (the word
-copied, two letters swapped, a letter dropped or added), so gold always separates them.
+copied, two letters swapped, a letter dropped or added), so gold always separates them. `gold_pairs`
+takes any task's wrong answers, e.g. the addition task's `wrong_sum` (the sum without its carries,
+or one or ten off).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from feedbackrl.rewards.judge import PairwiseJudge, PointwiseJudge
+from feedbackrl.rewards.judge import LogprobPairwiseJudge, LogprobPointwiseJudge, PairwiseJudge, PointwiseJudge
 from feedbackrl.rewards.verdict import Problem
 
 Pair = tuple[Problem, str, str]
@@ -42,16 +46,23 @@ def corrupt(answer: str, rng: random.Random) -> str:
     return answer + rng.choice(answer)
 
 
-def reversal_pairs(problems: Sequence[Problem], seed: int = 0) -> list[Pair]:
-    """One (problem, a, b) per problem: the exact answer and a corruption, in a random order."""
+def gold_pairs(problems: Sequence[Problem], wrong: Callable[[Problem, random.Random], str],
+               seed: int = 0) -> list[Pair]:
+    """One (problem, a, b) per problem: the exact answer and `wrong(problem, rng)`, in a random order."""
     rng, out = random.Random(seed), []
     for p in problems:
-        right, wrong = p.answer, corrupt(p.answer, rng)
-        out.append((p, right, wrong) if rng.random() < 0.5 else (p, wrong, right))
+        right, bad = p.answer, wrong(p, rng)
+        out.append((p, right, bad) if rng.random() < 0.5 else (p, bad, right))
     return out
 
 
-def judge_quality(pairwise: PairwiseJudge, pointwise: PointwiseJudge | None, pairs: Sequence[Pair],
+def reversal_pairs(problems: Sequence[Problem], seed: int = 0) -> list[Pair]:
+    """One (problem, a, b) per problem: the exact answer and a corruption, in a random order."""
+    return gold_pairs(problems, lambda p, rng: corrupt(p.answer, rng), seed)
+
+
+def judge_quality(pairwise: PairwiseJudge | LogprobPairwiseJudge,
+                  pointwise: PointwiseJudge | LogprobPointwiseJudge | None, pairs: Sequence[Pair],
                   gold: Callable[[Problem, str], float], concurrency: int = 8) -> dict[str, Any]:
     """The three measures over `pairs` (see the module docstring); pairs with equal gold are skipped."""
     pairs = [p for p in pairs if gold(p[0], p[1]) != gold(p[0], p[2])]
@@ -65,7 +76,11 @@ def judge_quality(pairwise: PairwiseJudge, pointwise: PointwiseJudge | None, pai
         items = [(p[0], p[1]) for p in pairs] + [(p[0], p[2]) for p in pairs]
         with ThreadPoolExecutor(concurrency) as pool:
             first = list(pool.map(lambda it: pointwise(*it).score, items))
-            pointwise.chat.cache.clear()
+            pointwise.clear_cache()
             second = list(pool.map(lambda it: pointwise(*it).score, items))
         out["self_consistency"] = sum(a == b for a, b in zip(first, second, strict=True)) / max(len(items), 1)
+        n = len(pairs)  # first[i] scores pairs[i]'s first response, first[n + i] its second
+        wins = [(first[i] > first[n + i]) + 0.5 * (first[i] == first[n + i]) for i in range(n)]
+        out["pointwise_agreement"] = sum(w if gold(p[0], p[1]) > gold(p[0], p[2]) else 1 - w
+                                         for p, w in zip(pairs, wins, strict=True)) / max(n, 1)
     return out

@@ -102,3 +102,14 @@ class AdditionTask(Task):
         return Verdict(score=float(ok), passed=ok,
                        reason="correct sum" if ok else f"wrong sum: got {text}, expected {problem.answer}",
                        details={"completion": text, "expected": problem.answer})
+
+
+def wrong_sum(problem: Problem, rng: random.Random) -> str:
+    """A wrong answer to an addition problem (meta a, b): the sum without its carries where that differs
+    (the sloppy student's answer), else the sum one or ten off (never negative)."""
+    a, b = problem.meta["a"], problem.meta["b"]
+    total, sloppy = a + b, no_carry_sum(a, b)
+    if sloppy != total and rng.random() < 0.5:
+        return str(sloppy)
+    off = rng.choice([d for d in (-10, -1, 1, 10) if total + d >= 0])
+    return str(total + off)
