@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from feedbackrl.algos.imitation import bc_loss, takeover_preference_loss
+from feedbackrl.algos.imitation import bc_loss, own_steps_kl, takeover_preference_loss
 from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import ControlPPOConfig
 from feedbackrl.control.envs import make_vec_env, space_dims
@@ -82,6 +82,7 @@ class AssistConfig:
     takeover_coef: float = 1.0  # weight of the takeover preference loss beside PPO's
     takeover_beta: float = 1.0
     takeover_penalty: float = 1.0  # subtracted from the reward of every taken-over step (an intervention cost)
+    anchor_coef: float = 0.0  # weight of KL(pi_old || pi) on the agent's own steps (algos.imitation.own_steps_kl)
     eval_episodes: int = 10
     ppo: ControlPPOConfig = field(default_factory=ControlPPOConfig)
 
@@ -191,26 +192,35 @@ def assisted_update(policy: ActorCritic, optimizer: torch.optim.Optimizer, batch
     a = cfg.ppo
     n = batch["obs"].shape[0]
     totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for idx in minibatch_indices(n, a.minibatches, a.epochs, generator):
         b = {k: v[idx] for k, v in batch.items()}
-        own = (~b["taken"]).float()[:, None]
+        own = ~b["taken"]
         logp, entropy, values = policy.evaluate(b["obs"], b["agent_actions"])
-        pl, pstats = ppo_policy_loss(logp[:, None], b["logprobs"][:, None], b["advantages"][:, None], own, a.clip)
+        pl, pstats = ppo_policy_loss(logp[:, None], b["logprobs"][:, None], b["advantages"][:, None],
+                                     own.float()[:, None], a.clip)
         vl, _ = value_loss(values, b["values"], b["returns"], torch.ones_like(values), a.value_clip)
-        loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean()
+        kl, kstats = own_steps_kl(logp, b["logprobs"], own.float())
+        loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean() + cfg.anchor_coef * kl
         prefer = b["taken"] & (b["expert_actions"] != b["agent_actions"])
-        tl = torch.zeros(())
-        if prefer.any():
+        tl, tstats = torch.zeros(()), {}
+        if b["taken"].any():
             expert_logp, _, _ = policy.evaluate(b["obs"], b["expert_actions"])
-            tl, _ = takeover_preference_loss(expert_logp, logp, prefer.float(), cfg.takeover_beta)
-            loss = loss + cfg.takeover_coef * tl
+            tstats["takeover/expert_prob"] = expert_logp.detach().exp()[b["taken"]].mean()
+            if prefer.any():
+                tl, more = takeover_preference_loss(expert_logp, logp, prefer.float(), cfg.takeover_beta)
+                tstats.update(more)
+                loss = loss + cfg.takeover_coef * tl
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
         optimizer.step()
-        for k, v in {"loss/policy": pl, "loss/value": vl, "loss/takeover": tl, **pstats}.items():
-            totals[k] = totals.get(k, 0.0) + float(v.detach()) / (a.epochs * a.minibatches)
-    return totals
+        for k, v in {"loss/policy": pl, "loss/value": vl, "loss/takeover": tl, "loss/anchor": kl, **pstats,
+                     **kstats, **tstats}.items():
+            totals[k] = totals.get(k, 0.0) + float(v.detach())
+            counts[k] = counts.get(k, 0) + 1
+    # a takeover statistic is the mean over the minibatches that had takeovers; the losses over all of them
+    return {k: v / counts[k] for k, v in totals.items()}
 
 
 def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int) -> list[dict[str, Any]]:
