@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from feedbackrl.algos.imitation import bc_loss, own_steps_kl, takeover_preference_loss
+from feedbackrl.algos.imitation import bc_loss, takeover_preference_loss
 
 
 def test_bc_loss_is_the_masked_mean_nll() -> None:
@@ -46,19 +46,3 @@ def test_takeover_loss_with_nothing_masked_in_is_zero_and_beta_checked() -> None
     assert loss.item() == 0.0
     with pytest.raises(ValueError, match="beta must be > 0"):
         takeover_preference_loss(torch.zeros(1), torch.zeros(1), torch.ones(1), beta=0.0)
-
-
-def test_own_steps_kl_hand_computed() -> None:
-    old = torch.log(torch.tensor([0.25, 0.5, 0.4, 0.9]))
-    new = torch.log(torch.tensor([0.5, 0.5, 0.1, 0.1]))
-    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last step was taken over: not the agent's own
-    loss, stats = own_steps_kl(new, old, mask)
-    # r = new / old = 2, 1, 1/4: (r - 1) - log r = 1 - log 2, 0, -3/4 + log 4
-    assert loss.item() == pytest.approx((1 - math.log(2) + 0 + (-0.75 + math.log(4))) / 3, rel=1e-6)
-    assert stats["anchor/max_log_ratio"].item() == pytest.approx(math.log(4), rel=1e-6)
-    # the gradient on log pi is r - 1: it pulls each log-probability back towards pi_old's
-    logp = new.clone().requires_grad_(True)
-    own_steps_kl(logp, old, mask)[0].backward()
-    assert logp.grad.tolist() == pytest.approx([1 / 3, 0.0, -0.25, 0.0], rel=1e-6)
-    nothing, _ = own_steps_kl(new, old, torch.zeros(4))
-    assert nothing.item() == 0.0

@@ -13,23 +13,14 @@ the agent's own actions.
   which DPO without a reference model also is. Departure: no Q-function and no reward-free TD term; the policy
   is trained by PPO on the environment's reward beside this loss.
 
-- `own_steps_kl`: the trust region for the states the expert did not label. The takeover loss is supervision on
-  a narrow band of states (those where the expert judged the agent about to fail); nothing in it holds the
-  policy's behaviour elsewhere, and PPO's clipped surrogate only stops pulling once a ratio leaves its band, it
-  never pulls back. This is the penalty of PPO's KL variant (Schulman et al. 2017, section 4, with a fixed
-  coefficient), on the agent's own steps: KL(pi_old || pi) by the k3 estimator on the actions pi_old sampled
-  there, (r - 1) - log r with r = pi(a|s) / pi_old(a|s) (`algos.kl.kl_k3`), non-negative, 0 at r = 1.
-
-All three are means over the steps where `mask` is 1 (a step where expert and agent chose the same action carries
-no preference: the caller masks it out, its gradient would be 0 anyway).
+Both are means over the steps where `mask` is 1 (a step where expert and agent chose the same action carries no
+preference: the caller masks it out, its gradient would be 0 anyway).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from feedbackrl.algos.kl import kl_k3
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -60,15 +51,3 @@ def takeover_preference_loss(expert_logprobs: Tensor, agent_logprobs: Tensor, ma
     with torch.no_grad():
         return loss, {"takeover/accuracy": _masked_mean((margin > 0).float(), mask),
                       "takeover/margin": _masked_mean(margin, mask)}
-
-
-def own_steps_kl(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-    """logprobs (N,) of the actions pi_old sampled, under the policy being trained, old_logprobs (N,) under pi_old
-    (the rollout's policy), mask (N,) = 1 on the agent's own steps -> mean k3 estimate of KL(pi_old || pi).
-
-    Stats: `anchor/kl` (the loss) and `anchor/max_log_ratio`, the largest |log r| among the masked steps."""
-    loss = _masked_mean(kl_k3(old_logprobs, logprobs), mask)
-    with torch.no_grad():
-        m = mask.bool()
-        worst = (logprobs - old_logprobs).abs()[m].max() if m.any() else torch.zeros(())
-        return loss, {"anchor/kl": loss.detach(), "anchor/max_log_ratio": worst}
