@@ -9,10 +9,12 @@ Every arm starts from the same policy per seed: behaviour cloning on `demo_steps
 - bc: nothing more (the warm start alone);
 - bc_dagger: DAgger rounds, the expert labelling every state the agent visited;
 - bc_ppo: PPO on the environment's reward;
-- bc_ppo_takeover: PPO with the expert taking over where the pole passes 0.12 rad or the cart 1.8 (the
-  takeover steps trained by the preference loss, PVP-style, and each costing 1 in PPO's reward), the takeover
-  rate logged per update;
-- bc_ppo_takeover_free: the same without the cost of a takeover.
+- bc_ppo_takeover: PPO with the expert taking over where the pole passes 0.12 rad or the cart 1.8, each
+  taken-over step costing 1 in PPO's reward, and after each update behaviour cloning on the demonstrations and
+  every takeover so far (the expert's labels only where it took over); the takeover rate logged per update;
+- bc_ppo_takeover_free: the same without the cost of a takeover;
+- bc_ppo_takeover_inbatch: the first design, kept to measure against: the takeover preference loss inside PPO's
+  minibatches (takeover_coef 1) on the latest rollout's takeovers, no aggregation (takeover_bc_steps 0), cost 1.
 Success: the greedy policy alone, no expert, keeps the pole up for all 500 steps, over 10 held-out episodes.
 """
 
@@ -44,7 +46,8 @@ from feedbackrl.control.assist import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "assist.json"
 FIGURE = ROOT / "docs" / "assist.png"
-ARMS = ("bc", "bc_dagger", "bc_ppo", "bc_ppo_takeover", "bc_ppo_takeover_free")
+ARMS = ("bc", "bc_dagger", "bc_ppo", "bc_ppo_takeover", "bc_ppo_takeover_free", "bc_ppo_takeover_inbatch")
+TAKEOVER_ARMS = ("bc_ppo_takeover", "bc_ppo_takeover_free", "bc_ppo_takeover_inbatch")
 
 
 def one_seed(cfg: AssistConfig, seed: int) -> dict[str, list[dict[str, Any]]]:
@@ -57,8 +60,11 @@ def one_seed(cfg: AssistConfig, seed: int) -> dict[str, list[dict[str, Any]]]:
         "bc": [{"update": u, "env_steps": u * steps, **bc_stats, **bc_eval} for u in range(cfg.updates + 1)],
         "bc_dagger": dagger(copy.deepcopy(warm), cfg, seed, obs, actions),
         "bc_ppo": run_assisted(copy.deepcopy(warm), replace(cfg, takeover=False), seed),
-        "bc_ppo_takeover": run_assisted(copy.deepcopy(warm), cfg, seed),
-        "bc_ppo_takeover_free": run_assisted(copy.deepcopy(warm), replace(cfg, takeover_penalty=0.0), seed),
+        "bc_ppo_takeover": run_assisted(copy.deepcopy(warm), cfg, seed, (obs, actions)),
+        "bc_ppo_takeover_free": run_assisted(copy.deepcopy(warm), replace(cfg, takeover_penalty=0.0), seed,
+                                             (obs, actions)),
+        "bc_ppo_takeover_inbatch": run_assisted(copy.deepcopy(warm), replace(cfg, takeover_bc_steps=0,
+                                                                             takeover_coef=1.0), seed),
     }
 
 
@@ -75,7 +81,7 @@ def plot(results: dict[str, Any]) -> None:
         x = [r["env_steps"] for r in logs[0]]
         ax_s.plot(x, [statistics.mean(lg[i]["eval/success"] for lg in logs) for i in range(len(x))], "o-", ms=3,
                   label=arm)
-        if arm.startswith("bc_ppo_takeover"):
+        if arm in TAKEOVER_ARMS:
             ax_t.plot(x[1:], [statistics.mean(lg[i]["assist/takeover_rate"] for lg in logs) for i in range(1, len(x))],
                       "-", lw=2, label=f"{arm}, mean of seeds")
     ax_s.set(xlabel="environment steps after the BC warm start", ylabel="success (greedy, no expert), mean of seeds",
@@ -112,12 +118,16 @@ def main() -> None:
             f"{a} success {r[a][0]['eval/success']:.1f} -> {r[a][-1]['eval/success']:.1f}" for a in ARMS), flush=True)
     k = max(1, args.updates // 4)
     rates = {a: [[r["assist/takeover_rate"] for r in results["runs"][s][a][1:]] for s in results["runs"]]
-             for a in ("bc_ppo_takeover", "bc_ppo_takeover_free")}
+             for a in TAKEOVER_ARMS}
     results["summary"] = {
         "final_success": {a: [results["runs"][s][a][-1]["eval/success"] for s in results["runs"]] for a in ARMS},
         "final_return": {a: [results["runs"][s][a][-1]["eval/return"] for s in results["runs"]] for a in ARMS},
         "takeover_rate_first_quarter": {a: [statistics.mean(r[:k]) for r in v] for a, v in rates.items()},
         "takeover_rate_last_quarter": {a: [statistics.mean(r[-k:]) for r in v] for a, v in rates.items()},
+        "expert_labels": {**{a: [results["runs"][s][a][-1]["assist/takeover_labels"] for s in results["runs"]]
+                             for a in TAKEOVER_ARMS},
+                          "bc_dagger": [results["runs"][s]["bc_dagger"][-1]["dagger/labels"] - cfg.demo_steps
+                                        for s in results["runs"]]},
     }
     results["wall_seconds"] = time.perf_counter() - t0
     results["load_average_end"] = provenance()["load_average"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from feedbackrl.control.assist import (
     demonstrations,
     evaluate,
     new_policy,
+    run_assisted,
 )
 from feedbackrl.control.envs import make_vec_env
 
@@ -70,7 +72,7 @@ def test_supervised_executes_the_expert_exactly_where_it_takes_over() -> None:
 
 
 def test_a_takeover_update_moves_probability_to_the_experts_action() -> None:
-    cfg = AssistConfig()
+    cfg = AssistConfig(takeover_coef=1.0)  # the in-batch preference term (off by default)
     policy = new_policy(cfg, seed=1)
     n = 64
     gen = torch.Generator().manual_seed(1)
@@ -96,3 +98,30 @@ def test_unknown_expert_and_bad_noise_are_refused() -> None:
         AssistConfig(env="Pendulum-v1")
     with pytest.raises(ValueError, match="demo_noise must be in"):
         AssistConfig(demo_noise=1.5)
+
+
+def test_every_takeover_is_kept_as_an_expert_label_and_cloned_after_each_update() -> None:
+    cfg = AssistConfig(num_envs=2, rollout_steps=64, updates=3, eval_episodes=1, takeover_bc_steps=30)
+    probe = torch.tensor([[0.0, 0, 0.15, 0.0], [0.0, 0, -0.15, 0.0]])
+    expert = torch.as_tensor(EXPERTS["CartPole-v1"].act(probe.numpy()))  # 1, 0: push towards the fall
+    runs = {}
+    for steps in (0, 30):
+        policy = new_policy(cfg, seed=2)  # an untrained policy: it lets the pole fall, the expert takes over
+        log = run_assisted(policy, replace(cfg, takeover_bc_steps=steps), seed=2)
+        with torch.no_grad():
+            runs[steps] = (log, policy.evaluate(probe, expert)[0].exp())
+    log, p_expert = runs[30]
+    per_update = [round(r["assist/takeover_rate"] * cfg.num_envs * cfg.rollout_steps) for r in log[1:]]
+    assert per_update[0] > 0
+    assert [r["assist/takeover_labels"] for r in log[1:]] == list(np.cumsum(per_update).astype(float))
+    assert all("takeover_bc/nll" in r for r in log[1:])
+    assert "takeover_bc/nll" not in runs[0][0][-1]
+    # cloning the takeovers moves the policy towards the expert's action in states past the alarm
+    assert p_expert.min() > 0.7 and (p_expert > runs[0][1] + 0.2).all(), (p_expert, runs[0][1])
+
+
+def test_without_takeovers_nothing_is_cloned() -> None:
+    cfg = AssistConfig(num_envs=2, rollout_steps=32, updates=1, eval_episodes=1, takeover=False)
+    obs = torch.zeros(4, 4)
+    log = run_assisted(new_policy(cfg, seed=0), cfg, seed=0, demos=(obs, torch.zeros(4, dtype=torch.long)))
+    assert log[-1]["assist/takeover_labels"] == 0.0 and "takeover_bc/nll" not in log[-1]

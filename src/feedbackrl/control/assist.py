@@ -10,12 +10,21 @@ id) with its test of "about to fail". What it gives the learner:
   retrains on all labels so far;
 - *takeovers*: in `run_assisted`, PPO on the environment's reward while the expert watches: where its
   `about_to_fail` test fires, the expert's action is executed instead of the agent's. PPO's policy loss skips
-  those steps (the agent did not choose them); `algos.imitation.takeover_preference_loss` trains the policy to
-  prefer the expert's action to its own in those states (PVP-style, Peng et al. 2023); the value and GAE see
-  every step. Each taken-over step costs `takeover_penalty` in the reward PPO sees (the intervention cost of
-  HACO, Li et al. 2022): without it, an expert who always saves the episode leaves PPO nothing to learn from,
-  since the agent's steps into danger are paid as well as any other. The share of steps taken over
-  (`assist/takeover_rate`) is logged per update and should fall.
+  those steps (the agent did not choose them); the value and GAE see every step. Each taken-over step costs
+  `takeover_penalty` in the reward PPO sees (the intervention cost of HACO, Li et al. 2022): without it, an
+  expert who always saves the episode leaves PPO nothing to learn from, since the agent's steps into danger are
+  paid as well as any other. After each update the policy is behaviour-cloned (`takeover_bc_steps` full-batch
+  steps, as a DAgger round) on the demonstrations and on every taken-over state so far, labelled with the
+  expert's action: the intervention data aggregated over the whole run, as HG-DAgger does (Kelly et al. 2019)
+  and as PVP keeps its human buffer (Peng et al. 2023). With two actions, behaviour cloning a takeover step
+  where the agent chose otherwise is exactly `algos.imitation.takeover_preference_loss` with beta 1 (sigmoid of
+  log p - log(1 - p) is p). The share of steps taken over (`assist/takeover_rate`) is logged per update and
+  should fall.
+
+  The first design put that preference into PPO's minibatches instead (`takeover_coef` > 0, 0 by default): on
+  the latest rollout's takeovers only, a mean over the few of them in each minibatch, with an actor gradient
+  15-40 times PPO's. It breaks the policy (docs/control.md, "Demonstrations, DAgger and takeovers") and is
+  kept only to measure against.
 
 Success is the greedy policy on its own, no expert watching: an evaluation episode counts when it runs to the
 environment's time limit without terminating (on CartPole-v1: 500 steps without the pole falling).
@@ -79,7 +88,8 @@ class AssistConfig:
     dagger_steps: int = 50  # optimizer steps of behaviour cloning per DAgger round (warm-started)
     updates: int = 20  # PPO updates (or DAgger rounds) after the warm start, one rollout each
     takeover: bool = True  # the expert takes over where it judges the agent about to fail
-    takeover_coef: float = 1.0  # weight of the takeover preference loss beside PPO's
+    takeover_bc_steps: int = 50  # full-batch BC steps after each update on the demonstrations and every takeover
+    takeover_coef: float = 0.0  # weight of the in-batch takeover preference loss beside PPO's (see run_assisted)
     takeover_beta: float = 1.0
     takeover_penalty: float = 1.0  # subtracted from the reward of every taken-over step (an intervention cost)
     eval_episodes: int = 10
@@ -187,40 +197,53 @@ def assisted_update(policy: ActorCritic, optimizer: torch.optim.Optimizer, batch
     """PPO epochs over minibatches: the clipped loss on the agent's own steps, the value loss on all, and the
     takeover preference loss on taken-over steps where the expert and the agent chose differently. `batch`
     holds flat (N, ...) obs, actions (executed), agent_actions, expert_actions, taken, logprobs (the agent's, of
-    its own action), values, advantages (whitened), returns."""
+    its own action), values, advantages (whitened), returns. The preference loss is weighted cfg.takeover_coef
+    (0 by default: see run_assisted); `takeover/expert_prob` is logged either way."""
     a = cfg.ppo
     n = batch["obs"].shape[0]
     totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for idx in minibatch_indices(n, a.minibatches, a.epochs, generator):
         b = {k: v[idx] for k, v in batch.items()}
-        own = (~b["taken"]).float()[:, None]
+        own = ~b["taken"]
         logp, entropy, values = policy.evaluate(b["obs"], b["agent_actions"])
-        pl, pstats = ppo_policy_loss(logp[:, None], b["logprobs"][:, None], b["advantages"][:, None], own, a.clip)
+        pl, pstats = ppo_policy_loss(logp[:, None], b["logprobs"][:, None], b["advantages"][:, None],
+                                     own.float()[:, None], a.clip)
         vl, _ = value_loss(values, b["values"], b["returns"], torch.ones_like(values), a.value_clip)
         loss = pl + a.vf_coef * vl - a.ent_coef * entropy.mean()
         prefer = b["taken"] & (b["expert_actions"] != b["agent_actions"])
-        tl = torch.zeros(())
-        if prefer.any():
+        tl, tstats = torch.zeros(()), {}
+        if b["taken"].any():
             expert_logp, _, _ = policy.evaluate(b["obs"], b["expert_actions"])
-            tl, _ = takeover_preference_loss(expert_logp, logp, prefer.float(), cfg.takeover_beta)
-            loss = loss + cfg.takeover_coef * tl
+            tstats["takeover/expert_prob"] = expert_logp.detach().exp()[b["taken"]].mean()
+            if prefer.any():
+                tl, more = takeover_preference_loss(expert_logp, logp, prefer.float(), cfg.takeover_beta)
+                tstats.update(more)
+                loss = loss + cfg.takeover_coef * tl
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
         optimizer.step()
-        for k, v in {"loss/policy": pl, "loss/value": vl, "loss/takeover": tl, **pstats}.items():
-            totals[k] = totals.get(k, 0.0) + float(v.detach()) / (a.epochs * a.minibatches)
-    return totals
+        for k, v in {"loss/policy": pl, "loss/value": vl, "loss/takeover": tl, **pstats, **tstats}.items():
+            totals[k] = totals.get(k, 0.0) + float(v.detach())
+            counts[k] = counts.get(k, 0) + 1
+    # a takeover statistic is the mean over the minibatches that had takeovers; the losses over all of them
+    return {k: v / counts[k] for k, v in totals.items()}
 
 
-def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int) -> list[dict[str, Any]]:
+def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int,
+                 demos: tuple[Tensor, Tensor] | None = None) -> list[dict[str, Any]]:
     """cfg.updates PPO updates on the environment's reward, the expert taking over where it judges the agent
-    about to fail (cfg.takeover). -> one metrics dict per update (and the evaluation before the first)."""
+    about to fail (cfg.takeover), each followed by behaviour cloning on `demos` (observations, actions; none:
+    the takeovers alone) and every takeover so far. -> one metrics dict per update (and the evaluation before the
+    first)."""
     expert, a = EXPERTS[cfg.env], cfg.ppo
     collector = Collector(make_vec_env(cfg.env, cfg.num_envs), seed)
     agent = Supervised(policy, expert, cfg.takeover)
     optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
     gen = torch.Generator().manual_seed(seed)
+    labelled_obs, labelled_actions = ([demos[0]], [demos[1]]) if demos is not None else ([], [])
+    labels = 0  # takeover steps so far: the expert's labels, beside the demonstrations
     log: list[dict[str, Any]] = [{"update": 0, "env_steps": 0, **evaluate(policy, cfg, seed + 10_000)}]
     for u in range(1, cfg.updates + 1):
         for group in optimizer.param_groups:
@@ -236,6 +259,14 @@ def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int) -> list[dict
                 "advantages": whiten(adv, own.float()) if own.any() else adv}
         batch = {k: v.reshape(-1, *v.shape[2:]) for k, v in flat.items()}
         stats = assisted_update(policy, optimizer, batch, cfg, gen)
+        labelled_obs.append(batch["obs"][batch["taken"]])
+        labelled_actions.append(batch["expert_actions"][batch["taken"]])
+        labels += int(taken.sum())
+        if cfg.takeover and cfg.takeover_bc_steps > 0 and sum(len(x) for x in labelled_obs):
+            bc = behaviour_clone(policy, torch.cat(labelled_obs), torch.cat(labelled_actions), cfg.takeover_bc_steps,
+                                 cfg.bc_lr)
+            stats.update({f"takeover_{k}": v for k, v in bc.items()})
+        stats["assist/takeover_labels"] = float(labels)
         eps = ro.episodes
         log.append({"update": u, "env_steps": u * cfg.num_envs * cfg.rollout_steps,
                     "assist/takeover_rate": float(taken.float().mean()),
