@@ -323,6 +323,14 @@ class ConstraintConfig(Section):
         "with bound_delta > 0: bound the mean of the window's per-prompt mean costs (n = window / "
         "rollout.group_size) instead of its completions, whose costs within one prompt's group are not "
         "independent; window must be a multiple of rollout.group_size"))
+    probe_prompts: int = Field(0, ge=0, description=(
+        "0: the multiplier steps on the training batch's costs; N > 0: on N probe prompts drawn once at the start "
+        "from the training distribution (seeded by train.seed, never trained on), sampled with the current policy "
+        "(one completion each, no gradient) and scored by [cost]: J_C is then over the same prompts at every step, "
+        "whichever prompts the step drew; window must be a multiple of N"))
+    probe_per_step: int = Field(0, ge=0, description=(
+        "with probe_prompts: how many of the probe prompts are sampled each step, in a fixed cycle through the "
+        "set (the first step samples a whole window); 0 = all of them every step"))
 
     @model_validator(mode="after")
     def _settings_of_its_multiplier(self) -> ConstraintConfig:
@@ -345,6 +353,20 @@ class ConstraintConfig(Section):
         if self.bound_per_prompt and self.bound_delta == 0:
             raise ValueError("constraint.bound_per_prompt sets what the upper bound is over, and "
                              "constraint.bound_delta = 0 uses no bound: set bound_delta in (0, 0.5] or remove it")
+        if self.probe_per_step and not self.probe_prompts:
+            raise ValueError(f"constraint.probe_per_step = {self.probe_per_step} samples probe prompts, and "
+                             "constraint.probe_prompts = 0 draws none: set probe_prompts or remove probe_per_step")
+        if self.probe_per_step > self.probe_prompts:
+            raise ValueError(f"constraint.probe_per_step = {self.probe_per_step} is more than the "
+                             f"constraint.probe_prompts = {self.probe_prompts} there are")
+        if self.probe_prompts and self.window % self.probe_prompts:
+            raise ValueError(f"constraint.window = {self.window} must be a multiple of constraint.probe_prompts = "
+                             f"{self.probe_prompts}: with probe prompts J_C is over the latest window costs of the "
+                             "probe set, which holds every probe prompt equally often only then")
+        if self.probe_prompts and self.bound_per_prompt:
+            raise ValueError("constraint.bound_per_prompt groups the training batch's costs by prompt, and "
+                             "constraint.probe_prompts replaces them (one completion per probe prompt, already one "
+                             "cost per prompt): remove one of them")
         return self
 
 
@@ -700,6 +722,12 @@ class RunConfig(Section):
         if k is not None and k.bound_per_prompt and self.control is not None:
             raise ValueError("constraint.bound_per_prompt groups costs by prompt; a control run's costs come from "
                              "environment steps, not prompts: remove it")
+        if k is not None and k.probe_prompts and self.control is not None:
+            raise ValueError("constraint.probe_prompts samples prompts of the task; a control run's costs come from "
+                             "environment steps, not prompts: remove it")
+        if k is not None and k.probe_prompts and self.scale.learner == "fsdp":
+            raise ValueError("constraint.probe_prompts with scale.learner = 'fsdp': the probe prompts are sampled "
+                             "in one process so far; remove probe_prompts or run without torchrun")
         if k is not None and k.bound_per_prompt and (k.window % g or k.window // g < 2):
             raise ValueError(f"constraint.bound_per_prompt bounds the window's per-prompt means: constraint.window = "
                              f"{k.window} must be a multiple of rollout.group_size = {g} holding at least 2 prompts")

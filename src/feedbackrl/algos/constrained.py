@@ -47,6 +47,12 @@ Departures, shared by both updates:
   advantage; here, with `algo.whiten_advantages`, each is whitened on its own before they are
   combined (as GRPO-Lagrangian scales each by its own group std), so lambda trades the two at
   one scale.
+- Probe prompts (`probe_cycle`). Both papers step the multiplier on the training batch's costs. When a step holds
+  few prompts and the cost is mostly decided by which prompts were drawn, that estimate moves with the draw, and
+  lambda follows it. The loop can instead step it on a fixed probe set of prompts drawn once from the training
+  distribution, sampled with the current policy a slice at a time (`probe_cycle` says which slice), so J_C is
+  the mean cost over the same prompts at every step, one completion each: the release test's statistic over
+  training prompts.
 - The plain update is one step of SGD on log lambda with its own rate `lr`, the reference
   trainer's optimiser (the paper writes the same step); the state is plain Python floats so
   a checkpoint holds it bit-exactly (`to_dict` / `from_dict`).
@@ -156,6 +162,17 @@ def _cost_estimate(recent: tuple[float, ...], bound_delta: float, bound_group: i
     if len(units) < 2:
         return sum(recent) / len(recent)
     return mean_cost_upper_bound(units, bound_delta).bound
+
+
+def probe_cycle(position: int, count: int, size: int) -> tuple[list[int], int]:
+    """The next `count` members of a fixed probe set of `size` prompts, in order from `position` and wrapping
+    around -> (their indices, the position after them). A window of `size` costs filled this way holds one
+    completion of every probe prompt (its latest), whatever the step."""
+    if size < 1 or count < 1 or not 0 <= position < size:
+        raise ValueError(f"need size >= 1, count >= 1 and 0 <= position < size; got position={position}, "
+                         f"count={count}, size={size}")
+    indices = [(position + i) % size for i in range(count)]
+    return indices, (position + count) % size
 
 
 def _check_settings(window: int, delay: int, lambda_max: float) -> None:

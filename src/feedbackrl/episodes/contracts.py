@@ -61,6 +61,9 @@ class Batch:
     # multi-turn episodes only (episodes/multi_turn.py): per-token credit from per-turn rewards, and the transcripts
     turn_advantages: Tensor | None = None  # (N, T) added to the trajectory advantages; None = outcome only
     episodes: list[Any] | None = None  # (N,) EpisodeRecord, written to OUT/episodes.jsonl
+    # constraint.probe_prompts: (M,) the costs of this step's probe completions, which the multiplier steps on
+    # instead of the batch's own (train/probe.py); None without probe prompts
+    probe_costs: Tensor | None = None
 
     def __post_init__(self) -> None:
         self.signals = {"reward": self.rewards, **self.signals}

@@ -1,6 +1,7 @@
 """The `[constraint]` section in the on-policy loop: the Lagrange multiplier, its state, the combined advantage.
 
-Once per step the loop hands the batch's costs (`Batch.signals["cost"]`, from `[cost]`) to
+Once per step the loop hands the batch's costs (`Batch.signals["cost"]`, from `[cost]`; with
+`constraint.probe_prompts` the probe set's costs instead: `multiplier_costs`, `train/probe.py`) to
 `Multiplier.update`, which takes one step of the recipe's multiplier aimed at threshold - margin
 (`algos.constrained`: Safe RLHF's gradient ascent on log lambda, or the PID-Lagrangian) from the
 windowed mean cost; then the step's advantages are `constrained_advantages`: the algorithm's own
@@ -28,6 +29,7 @@ from feedbackrl.algos.constrained import (
     pid_lagrange_update,
 )
 from feedbackrl.config import ConstraintConfig
+from feedbackrl.episodes.contracts import Batch
 
 CONSTRAINT_FILE = "constraint.pt"  # in each checkpoint of a run with [constraint]
 
@@ -72,6 +74,12 @@ class Multiplier:
                              "trained with")
         kind = LagrangeState if self.cfg.multiplier == "lagrangian" else PIDLagrangeState
         self.state = kind.from_dict(data["state"])
+
+
+def multiplier_costs(batch: Batch) -> Tensor:
+    """What the multiplier steps on: the probe prompts' costs (`constraint.probe_prompts`, `train/probe.py`) when
+    the loop sampled them, else the batch's own per-completion costs."""
+    return batch.probe_costs if batch.probe_costs is not None else batch.signals["cost"]
 
 
 def constrained_advantages(advantage: Callable[..., Tensor], rewards: Tensor, costs: Tensor, group_size: int,

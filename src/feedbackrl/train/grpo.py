@@ -35,7 +35,7 @@ from feedbackrl.models.logprobs import sequence_logprobs
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.scale.ranks import Ranks
 from feedbackrl.train.checkpoint import load_extra
-from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier, constrained_advantages
+from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier, constrained_advantages, multiplier_costs
 from feedbackrl.train.onpolicy import (  # noqa: F401 (make_collector, make_optimizer, stale_metrics: their old home)
     BatchPass,
     Capabilities,
@@ -76,7 +76,7 @@ class GroupRelative:
         if self.multiplier is None:
             advantages = ADVANTAGES[a.name](batch.rewards, G, scale=a.scale_advantages)
         else:
-            batch.metrics.update(self.multiplier.update(batch.signals["cost"]))
+            batch.metrics.update(self.multiplier.update(multiplier_costs(batch)))
             advantages, adv_stats = constrained_advantages(ADVANTAGES[a.name], batch.rewards, batch.signals["cost"],
                                                            G, self.multiplier.lam, a.scale_advantages)
             batch.metrics.update(adv_stats)

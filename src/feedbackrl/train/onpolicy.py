@@ -43,10 +43,11 @@ from feedbackrl.models.lora import adapters_disabled, is_lora
 from feedbackrl.models.policy import train_autocast
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.scale.ranks import OneProcess, Ranks
-from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, restore, save_checkpoint
+from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
 from feedbackrl.train.context import Run
 from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
 from feedbackrl.train.optim import adamw
+from feedbackrl.train.probe import PROBE_FILE, ProbeSet
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,10 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
     """
     ranks = ranks or OneProcess()
     check_capabilities(cfg, objective.name, objective.capabilities, ranks.world)
+    probing = cfg.constraint is not None and cfg.constraint.probe_prompts > 0
+    if probing and ranks.world > 1:
+        raise ConfigError("constraint.probe_prompts under torchrun: the probe prompts are sampled in one process "
+                          "so far; remove probe_prompts or launch it without torchrun")
     scorer = scorer or task_scorer(task)
     collector = collector or make_collector(cfg, model, tokenizer, task, scorer, ranks)
     a, ro_cfg = cfg.algo, cfg.rollout
@@ -200,11 +205,15 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
     clipped = list(model.parameters()) + [p for m in extra for p in m.parameters()]
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
+    # constraint.probe_prompts: drawn from the task in its initial state, before a resume restores the task's
+    probe = ProbeSet.draw(task, cfg.constraint, cfg.train.seed) if probing and cfg.constraint is not None else None
     start = 0
     if resume_from is not None:
         start = restore(resume_from, optimizer, prompt_rng, sample_rng, task,
                         load_optimizer=functools.partial(ranks.load_optimizer_state, model, optimizer))
         objective.load_state_dict(resume_from)  # value heads, the multiplier
+        if probe is not None:
+            probe.load_state_dict(load_extra(resume_from, PROBE_FILE))
         console.print(f"resumed from {resume_from} at step {start}")
         collector.update(model, start)  # the resumed weights are policy version `start`
     monitor = live_monitor(cfg, out_dir, monitor, task)
@@ -218,6 +227,10 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
     micro = cfg.train.micro_batch_size  # 0: each minibatch in one forward/backward
     metrics: dict[str, Any] = {}
 
+    def extras() -> dict[str, Any] | None:  # the objective's state (value heads, the multiplier) and the probes'
+        state = {**objective.state_dict(), **({PROBE_FILE: probe.state_dict()} if probe is not None else {})}
+        return state or None
+
     def checkpoint(step: int) -> None:
         if not (ranks.main or ranks.sharded):  # rank 0 writes; the replicas are equal
             return
@@ -225,7 +238,7 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
         state = ranks.full_optimizer_state(model, optimizer) if cfg.train.save_optimizer else None
         if ranks.main:
             save_checkpoint(out_dir, whole, tokenizer, state, step, prompt_rng, sample_rng,
-                            cfg.model_dump_json(indent=2), task.state_dict(), objective.state_dict() or None)
+                            cfg.model_dump_json(indent=2), task.state_dict(), extras())
 
     def checkpoint_after(step: int) -> bool:
         every = cfg.train.checkpoint_every
@@ -245,6 +258,9 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
             if cfg.constraint is not None and "cost" not in batch.signals:
                 raise ConfigError(f"[constraint]: the batches of task {task.name!r} carry no cost (its episodes "
                                   "are scored by the environment, not by [cost]); remove [constraint]")
+            if probe is not None:  # the costs the multiplier steps on: the probe set's, sampled now
+                batch.probe_costs, probe_stats = probe.collect(model, tokenizer, task, scorer, ro_cfg)
+                batch.metrics.update(probe_stats)
             if batch.episodes is not None and ranks.main:
                 write_transcripts(out_dir / "episodes.jsonl", step + 1, batch.episodes)
             tensors, mask = batch.tensors, batch.completion_mask.float()
@@ -321,6 +337,8 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
                 if decision.rollback:
                     back_to, ckpt = roll_back(out_dir, model, optimizer, ranks)
                     objective.load_state_dict(ckpt)  # value heads and lambda as they were at that checkpoint
+                    if probe is not None:  # the probes' cycle too (not its RNG, as the loop's RNGs)
+                        probe.load_state_dict(load_extra(ckpt, PROBE_FILE), generator=False)
                     monitor.rolled_back(back_to)
                     collector.update(model, done)  # the workers sample from the rolled-back weights
                     continue

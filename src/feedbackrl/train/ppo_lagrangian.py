@@ -22,7 +22,7 @@ from feedbackrl.algos.ppo import gae, kl_penalised_rewards, ppo_policy_loss, val
 from feedbackrl.config import RunConfig
 from feedbackrl.episodes.contracts import Batch
 from feedbackrl.train.checkpoint import load_extra
-from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier
+from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier, multiplier_costs
 from feedbackrl.train.onpolicy import BatchPass, Capabilities, LossParts
 from feedbackrl.train.ppo import (
     PPO,
@@ -64,7 +64,7 @@ class PPOLagrangian(PPO):
 
         old_lp, values, cost_values = rollout_pass(both_heads)
         ref_lp = ref_lp if ref_lp is not None else old_lp
-        batch.metrics.update(self.multiplier.update(batch.signals["cost"]))  # first the multiplier, then the policy
+        batch.metrics.update(self.multiplier.update(multiplier_costs(batch)))  # first the multiplier, then the policy
         rewards = kl_penalised_rewards(batch.rewards, old_lp, ref_lp, mask, kl_coef)  # (N, T)
         costs = kl_shaped_costs(batch.signals["cost"], old_lp, ref_lp, mask, kl_coef)
         reward_adv, returns = gae(rewards, values, mask, a.gamma, a.lam)
