@@ -137,3 +137,31 @@ def test_the_bound_per_prompt_needs_a_bound_and_whole_groups():
     assert "holding at least 2 prompts" in refused(
         cost=COST, rollout={"group_size": 8},
         constraint={"threshold": 0.4, "bound_delta": 0.1, "window": 8, "bound_per_prompt": True})
+
+
+def test_probe_prompts_need_a_window_of_whole_sets_and_a_count_that_fits():
+    ok = run(cost=COST, constraint={"threshold": 0.4, "window": 1000, "probe_prompts": 1000, "probe_per_step": 125})
+    assert (ok.constraint.probe_prompts, ok.constraint.probe_per_step) == (1000, 125)
+    assert run(cost=COST, constraint={"threshold": 0.4}).constraint.probe_prompts == 0  # off by default
+    assert "constraint.probe_prompts: Input should be greater than or equal to 0" in refused(
+        cost=COST, constraint={"threshold": 0.4, "probe_prompts": -1})
+    assert "constraint.probe_per_step: Input should be greater than or equal to 0" in refused(
+        cost=COST, constraint={"threshold": 0.4, "window": 8, "probe_prompts": 8, "probe_per_step": -2})
+    assert "constraint.probe_prompts = 0 draws none" in refused(
+        cost=COST, constraint={"threshold": 0.4, "probe_per_step": 4})
+    assert "probe_per_step = 9 is more than the constraint.probe_prompts = 8" in refused(
+        cost=COST, constraint={"threshold": 0.4, "window": 8, "probe_prompts": 8, "probe_per_step": 9})
+    assert "constraint.window = 128 must be a multiple of constraint.probe_prompts = 100" in refused(
+        cost=COST, constraint={"threshold": 0.4, "probe_prompts": 100})
+    assert "constraint.bound_per_prompt groups the training batch's costs" in refused(
+        cost=COST, rollout={"group_size": 8}, constraint={"threshold": 0.4, "bound_delta": 0.1, "window": 1000,
+                                                          "probe_prompts": 500, "bound_per_prompt": True})
+
+
+def test_probe_prompts_are_refused_where_they_cannot_run():
+    control = build_config  # a control run's costs come from environment steps, not prompts
+    with pytest.raises(ConfigError, match="a control run's costs come from environment steps"):
+        control({"algo": {"name": "control_ppo"}, "control": {"cost": "cart_off_centre"},
+                 "constraint": {"threshold": 0.1, "window": 8, "probe_prompts": 8}})
+    assert "constraint.probe_prompts with scale.learner = 'fsdp'" in refused(
+        cost=COST, scale={"learner": "fsdp"}, constraint={"threshold": 0.4, "window": 8, "probe_prompts": 8})

@@ -14,6 +14,7 @@ from feedbackrl.algos.constrained import (
     lagrange_update,
     pid_lagrange_update,
     ppo_lagrangian_advantages,
+    probe_cycle,
 )
 from feedbackrl.algos.ppo import gae, kl_penalised_rewards
 
@@ -363,3 +364,22 @@ def test_the_upper_bound_per_prompt_needs_whole_groups():
     # one whole group: no spread between prompts to bound, J_C is its mean
     _, stats = lagrange_update(LagrangeState.initial(1.0), [0.0, 1.0, 0.0, 1.0], 0.5, bound_delta=0.1, bound_group=4)
     assert stats["constraint/cost_window_mean"] == 0.5
+
+
+def test_the_probe_cycle_hand_computed():
+    assert probe_cycle(0, 3, 5) == ([0, 1, 2], 3)
+    assert probe_cycle(3, 4, 5) == ([3, 4, 0, 1], 2)  # wraps around
+    assert probe_cycle(2, 10, 4) == ([2, 3, 0, 1, 2, 3, 0, 1, 2, 3], 0)  # more than the set: every member again
+    assert probe_cycle(0, 1, 1) == ([0], 0)
+    # a window of `size` costs filled by successive calls holds each member exactly once
+    position, seen = 0, []
+    for count in (3, 3, 3, 3):
+        indices, position = probe_cycle(position, count, 7)
+        seen += indices
+    assert sorted(seen[-7:]) == list(range(7))
+
+
+@pytest.mark.parametrize("position, count, size", [(0, 0, 5), (5, 1, 5), (-1, 1, 5), (0, 1, 0)])
+def test_the_probe_cycle_rejects_bad_arguments(position, count, size):
+    with pytest.raises(ValueError, match="need size >= 1, count >= 1 and 0 <= position < size"):
+        probe_cycle(position, count, size)

@@ -194,3 +194,77 @@ def test_the_multiplier_groups_the_bound_by_prompt_only_when_asked():
     stats = m.update(torch.tensor(costs))
     want, want_stats = lagrange_update(LagrangeState.initial(1.0), costs, 0.5, 0.1, 128, 0, 5.0, 0.1, 2)
     assert m.state == want and stats["constraint/cost_window_mean"] == want_stats["constraint/cost_window_mean"]
+
+
+def test_the_multiplier_steps_on_the_probe_costs_when_the_loop_sampled_them():
+    import torch
+
+    from feedbackrl.train.constraint import multiplier_costs
+
+    batch = Batch([Problem("p", None)] * 2, *(torch.zeros(2, 1),) * 4, ["a", "b"], [Verdict(1.0, True, "")] * 2,
+                  torch.ones(2), torch.zeros(2, dtype=torch.bool), signals={"cost": torch.tensor([1.0, 0.0])})
+    assert multiplier_costs(batch).tolist() == [1.0, 0.0]  # no probes: the batch's own costs
+    batch.probe_costs = torch.tensor([0.0, 0.0, 1.0])
+    assert multiplier_costs(batch).tolist() == [0.0, 0.0, 1.0]
+
+
+def test_the_probe_set_comes_from_the_training_distribution_seeded_by_the_run():
+    from feedbackrl.config import ConstraintConfig
+    from feedbackrl.envs.procedural.reverse import ReverseTask
+    from feedbackrl.train.probe import ProbeSet, fingerprint
+
+    task = ReverseTask(min_len=3, max_len=7, alphabet_size=10)
+    cfg = ConstraintConfig(threshold=0.4, window=200, probe_prompts=200, probe_per_step=50)
+    probe = ProbeSet.draw(task, cfg, seed=0)
+    heldout = {p.prompt for p in task.heldout(1000)}
+    assert len(probe.problems) == 200 and not heldout & {p.prompt for p in probe.problems}
+    assert (probe.per_step, probe.fill, probe.position) == (50, 200, 0)
+    again, other = ProbeSet.draw(task, cfg, seed=0), ProbeSet.draw(task, cfg, seed=1)
+    assert fingerprint(again.problems) == fingerprint(probe.problems) != fingerprint(other.problems)
+    assert torch_equal_states(again, probe)
+    all_at_once = ProbeSet.draw(task, cfg.model_copy(update={"probe_per_step": 0}), seed=0)
+    assert all_at_once.per_step == 200  # 0: every probe prompt every step
+
+
+def torch_equal_states(a, b) -> bool:
+    import torch
+
+    return torch.equal(a.generator.get_state(), b.generator.get_state())
+
+
+def test_probe_prompts_under_torchrun_are_refused_before_any_work(tmp_path: Path):
+    from types import SimpleNamespace
+
+    cfg = build_config({"algo": {"name": "grpo", "steps": 1}, "cost": {"source": "regex", "pattern": "1"},
+                        "constraint": {"threshold": 0.2, "window": 8, "probe_prompts": 8}})
+    with pytest.raises(ConfigError, match="constraint.probe_prompts under torchrun"):
+        train_grpo(cfg, None, None, DigitAddition(), tmp_path, MemorySink(), ranks=SimpleNamespace(world=2))
+
+
+def test_with_probe_prompts_lambda_follows_the_probe_costs_not_the_batchs(tiny_model_dir: Path, tmp_path: Path):
+    # 8 probe prompts, all of them every step, window 8: J_C is exactly the mean of this step's 8 probe costs
+    rows = train(tiny_model_dir, tmp_path, config({"threshold": 0.25, "margin": 0.25, "lr": 0.5, "init": 0.5,
+                                                   "window": 8, "probe_prompts": 8}, steps=4))
+    state = LagrangeState.initial(0.5)
+    for step in (1, 2, 3, 4):
+        probe = rows[step]["constraint/probe_cost"]
+        costly = round(probe * 8)
+        assert probe == costly / 8 and rows[step]["constraint/probe_n"] == 8
+        state, stats = lagrange_update(state, [1.0] * costly + [0.0] * (8 - costly), 0.0, 0.5, 8, 0, 5.0)
+        assert rows[step]["constraint/cost_window_mean"] == probe == stats["constraint/cost_window_mean"]
+        assert rows[step]["constraint/lambda"] == stats["constraint/lambda"]
+    # the training batches' own costs differ from the probes' on some step (else this test would not tell)
+    assert any(rows[s]["cost/mean"] != rows[s]["constraint/probe_cost"] for s in (1, 2, 3, 4))
+
+
+def test_sampling_the_probes_leaves_the_training_rollouts_alone(tiny_model_dir: Path, tmp_path: Path):
+    # PID with zero gains: lambda is 0 throughout, so a run with probes trains exactly as one without, unless the
+    # probes drew from the training RNG streams (the twin without [constraint] must see the same prompts)
+    still = {"threshold": 0.25, "multiplier": "pid", "kp": 0.0, "ki": 0.0, "kd": 0.0, "init": 0.0, "window": 8}
+    plain = train(tiny_model_dir, tmp_path / "plain", config(still, steps=3))
+    probed = train(tiny_model_dir, tmp_path / "probed", config({**still, "probe_prompts": 8, "probe_per_step": 4},
+                                                              steps=3))
+    for step in (1, 2, 3):
+        assert probed[step]["constraint/lambda"] == 0.0 and "constraint/probe_cost" in probed[step]
+        for key in ("reward/mean", "cost/mean", "loss/policy", "kl/mean"):
+            assert probed[step][key] == plain[step][key], (step, key)
