@@ -44,11 +44,12 @@ def sh(*args: str) -> int:
     return subprocess.run(args, check=False).returncode
 
 
-def train_all(out: Path, algo: str, seeds: tuple[int, ...], sft: Path) -> None:
+def train_all(out: Path, algo: str, seeds: tuple[int, ...], sft: Path, threads: int = 1) -> None:
     safe, unsafe, _ = RECIPES[algo]
     cli = [sys.executable, "-m", "feedbackrl.cli"]
-    policy = ["--set", f"model.path={sft / 'sft_policy'}", "--set", "sft.steps=0"]
-    steps = {"sft": (sft, ["--set", "algo.steps=0"]),  # SFT only: the shared warm start
+    one = ["--set", f"train.threads={threads}"]
+    policy = ["--set", f"model.path={sft / 'sft_policy'}", "--set", "sft.steps=0", *one]
+    steps = {"sft": (sft, ["--set", "algo.steps=0", *one]),  # SFT only: the shared warm start
              "start": (out / "start", [*policy, "--set", "algo.steps=0"])}  # its held-out reward and cost
     for name, (run_dir, extra) in steps.items():
         done = sft / "sft_policy" / "config.json" if name == "sft" else run_dir / "report.json"
@@ -94,6 +95,18 @@ def summary(out: Path, png: Path, algo: str, seeds: tuple[int, ...]) -> dict:
     return rows
 
 
+def with_earlier(entry: dict, path: Path) -> dict:
+    """`entry` with the results file's earlier entries kept under "earlier": the file's own entry when it was
+    measured on another machine (figures differ between CPUs), and the entries it kept itself."""
+    if not path.is_file():
+        return entry
+    old = json.loads(path.read_text())
+    earlier = old.pop("earlier", [])
+    if old.get("provenance", {}).get("machine") != entry["provenance"]["machine"]:
+        earlier = [old, *earlier]
+    return {**entry, "earlier": earlier} if earlier else entry
+
+
 def _json_or_none(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -109,12 +122,19 @@ def plot(out: Path, png: Path, algo: str, seeds: tuple[int, ...]) -> None:
     for name, color in (("unsafe", "C0"), ("safe", "C1")):
         label = f"{title} (unconstrained)" if name == "unsafe" else f"{title}-Lagrangian"
         series: dict[str, list[list[float]]] = {"reward/mean": [], "cost/mean": [], "constraint/lambda": []}
+        probes: list[list[float]] = []  # constraint.probe_prompts: what the multiplier stepped on
         for seed in seeds:
             rl = [r for r in read_jsonl(out / f"{name}_seed{seed}" / "metrics.jsonl") if r.get("phase") == "rl"]
             for key in series:
                 if key in rl[0]:
                     ys = [r[key] for r in rl]
                     series[key].append(ys)
+            if "constraint/probe_cost" in rl[0]:
+                probes.append([r["constraint/probe_cost"] for r in rl])
+        if probes:
+            mean = [sum(col) / len(col) for col in zip(*probes, strict=True)]
+            axes[1].plot(range(1, len(mean) + 1), _smooth(mean), color=color, linewidth=1.2, linestyle="--",
+                         label=f"{label}: probe prompts' cost")
         for ax, key in zip(axes, series, strict=True):
             for ys in series[key]:
                 ax.plot(range(1, len(ys) + 1), _smooth(ys), color=color, alpha=0.25, linewidth=0.8)
@@ -156,16 +176,18 @@ def main() -> None:
     p.add_argument("--png", type=Path, default=None, help="default docs/safety.png for grpo, OUT/safety.png for ppo")
     p.add_argument("--results", type=Path, default=None,
                    help="also write the summary with its provenance here (e.g. benchmarks/results/safe_demo.json)")
+    p.add_argument("--threads", type=int, default=1, help="train.threads of every run (default 1: one run at a "
+                   "time on a shared machine; the tiny model's figures do not depend on it)")
     p.add_argument("--summary", action="store_true", help="only summarise runs already in --out")
     args = p.parse_args()
     prov = provenance()  # before anything is written: the commit the runs come from
     seeds = tuple(args.seeds)
     png = args.png or (Path("docs/safety.png") if args.algo == "grpo" else args.out / "safety.png")
     if not args.summary:
-        train_all(args.out, args.algo, seeds, args.sft or args.out / "sft")
+        train_all(args.out, args.algo, seeds, args.sft or args.out / "sft", args.threads)
     rows = summary(args.out, png, args.algo, seeds)
     if args.results:
-        args.results.write_text(json.dumps({**rows, "provenance": prov}, indent=2) + "\n")
+        args.results.write_text(json.dumps(with_earlier({**rows, "provenance": prov}, args.results), indent=2) + "\n")
     print(json.dumps(rows, indent=2))
 
 
