@@ -98,3 +98,12 @@ def test_ppo_lagrangian_keeps_the_cost_below_unconstrained_ppo(tiny_model_dir: P
     assert lag_cost < threshold and lag_cost < ppo_cost - 0.1, got  # the Lagrangian keeps the cost under it
     assert lag_reward >= 0.9 * ppo_reward, got  # and most of the reward
     assert lag_lam > 0.5, got  # lambda rose from its start
+
+
+def test_ppo_lagrangian_steps_lambda_on_the_probe_costs(tiny_model_dir: Path, tmp_path: Path):
+    # 8 probe prompts, all of them every step, window 8: J_C is exactly the mean of this step's probe costs
+    rows, _ = train(tiny_model_dir, tmp_path, config({"threshold": 0.25, "margin": 0.25, "lr": 0.5, "init": 0.5,
+                                                      "window": 8, "probe_prompts": 8}))
+    for step in (1, 2, 3):
+        assert rows[step]["constraint/cost_window_mean"] == rows[step]["constraint/probe_cost"]
+        assert rows[step]["constraint/probe_n"] == 8
