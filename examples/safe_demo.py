@@ -83,7 +83,8 @@ def summary(out: Path, png: Path, algo: str, seeds: tuple[int, ...]) -> dict:
                 "heldout_reward": se["reward_mean"], "heldout_cost": se["cost_mean"],
                 "greedy_accuracy": rep["eval_after"]["accuracy"], "released": rel["released"], "bound": rel["bound"],
                 "reward_gain": se["reward_mean"] - start["reward_mean"], "train_s": rep.get("train_seconds"),
-                "load_average": _json_or_none(out / f"{name}_seed{seed}" / "load_average.json")}
+                "load_average": _json_or_none(out / f"{name}_seed{seed}" / "load_average.json"),
+                **_last_steps(out / f"{name}_seed{seed}" / "metrics.jsonl")}
     for name in ("unsafe", "safe"):
         gains = [rows["runs"][f"{name}_seed{s}"]["reward_gain"] for s in seeds]
         rows[f"{name}_mean_gain"] = sum(gains) / len(gains)
@@ -105,6 +106,14 @@ def with_earlier(entry: dict, path: Path) -> dict:
     if old.get("provenance", {}).get("machine") != entry["provenance"]["machine"]:
         earlier = [old, *earlier]
     return {**entry, "earlier": earlier} if earlier else entry
+
+
+def _last_steps(metrics: Path) -> dict[str, float]:
+    """Means over the last 20 RL steps: the training cost, and lambda and the probe prompts' cost where logged."""
+    rl = [r for r in read_jsonl(metrics) if r.get("phase") == "rl"][-20:]
+    keys = {"cost/mean": "train_cost_last20", "constraint/lambda": "lambda_last20",
+            "constraint/probe_cost": "probe_cost_last20"}
+    return {name: sum(r[k] for r in rl) / len(rl) for k, name in keys.items() if rl and k in rl[0]}
 
 
 def _json_or_none(path: Path) -> dict | None:
