@@ -205,7 +205,7 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
     clipped = list(model.parameters()) + [p for m in extra for p in m.parameters()]
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
-    # constraint.probe_prompts: drawn from the task in its initial state, before a resume restores the task's
+    # constraint.probe_prompts: drawn from the task in its initial state, before a resume restores its state
     probe = ProbeSet.draw(task, cfg.constraint, cfg.train.seed) if probing and cfg.constraint is not None else None
     start = 0
     if resume_from is not None:
