@@ -49,10 +49,13 @@ def missing(device: torch.device | str = "cpu") -> str | None:
 
 
 def prepare(weight: Tensor, in_scale: Tensor | None = None) -> Tensor:
-    """(out, in) float32 weight, optional (in,) column scale (the RMSNorm weight) -> the (out, in) bf16 weight."""
+    """(out, in) float32 weight, optional (in,) column scale (the RMSNorm weight) -> the (out, in) bf16 weight.
+
+    With `in_scale` the weight must be the caller's own copy (the decoder's concatenated q/k/v or gate/up): it is
+    scaled in place, as the float32 decoder folds its norms, saving a pass over it on every call."""
     w = weight.detach()
     if in_scale is not None:
-        w = w * in_scale
+        w = w.mul_(in_scale)
     return w.to(torch.bfloat16).contiguous()
 
 
