@@ -28,7 +28,8 @@ UNIT_ROUNDOFF = 2.0**-8  # bf16: 8 significant bits, round to nearest
 
 
 def cpu_features() -> list[str]:
-    """The bf16 instructions this CPU has, as its flags name them: AMX tiles (amx_bf16) and AVX-512 BF16."""
+    """The bf16 instructions this CPU has, as its flags name them: AMX (PyTorch reports AMX tiles; every x86 CPU
+    with them so far also has amx_bf16) and AVX-512 BF16. x86 only: other CPUs report none and are refused."""
     found = []
     if torch.cpu._is_amx_tile_supported():
         found.append("amx_bf16")
