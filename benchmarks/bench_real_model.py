@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import load_average, provenance, summarize
+from common import cpu_isa, load_average, provenance, summarize
 from run import HERE, RESULTS, LockStepWorker, _stop, alternate, cpu_name, log, run_worker, versions
 
 
@@ -81,6 +81,7 @@ def main() -> None:
     model = Path(resolve_model_path(args.model))
     logdir = RESULTS / "real_model_logs"
     logdir.mkdir(parents=True, exist_ok=True)
+    isa = ", ".join(cpu_isa()) or "unknown ISA"  # printed beside every ratio
     out: dict[str, Any] = {"provenance": provenance(),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "cpu": cpu_name(),
                            "threads": args.threads, "versions": versions(), "load_at_start": load_average()}
@@ -89,10 +90,10 @@ def main() -> None:
             out["generate"] = run_worker([str(HERE / "bench_generate.py"), "generate", "--model", str(model),
                                           "--threads", str(args.threads), "--new-tokens", str(args.length),
                                           "--repeats", str(args.repeats)], args.threads, wlog)
-        log(f"generate: ratio {statistics.median(out['generate']['ratio_per_repeat']):.2f}")
+        log(f"generate: ratio {statistics.median(out['generate']['ratio_per_repeat']):.2f} [{isa}]")
     for key in (r for r in LOCKSTEP_ROWS if r in args.rows):
         out[key] = lockstep(model, args.length, LOCKSTEP_ROWS[key], args.warmup, args.timed, args.threads, logdir)
-        log(f"{key}: ratio {out[key]['ratio']:.2f}")
+        log(f"{key}: ratio {out[key]['ratio']:.2f} [{isa}]")
         result_path.write_text(json.dumps(out, indent=2))
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     result_path.write_text(json.dumps(out, indent=2))
