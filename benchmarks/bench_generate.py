@@ -4,14 +4,16 @@
     python benchmarks/bench_generate.py generate --model DIR --threads 2 --new-tokens 128 --repeats 3
     python benchmarks/bench_generate.py generate --model smollm2 --threads 1 --batch 16 --new-tokens 64 --int8 \
         --out benchmarks/results/int8_rollout_b16.json
+    python benchmarks/bench_generate.py generate --model smollm2 --threads 1 --batch 16 --new-tokens 64 --int8 --bf16
 
 Each prints one line `BENCH_RESULT {json}`. `generate` loads one model and alternates HF
 `model.generate` with feedbackrl's `generate` call by call in the same process, so both see the
 same machine load: batch 64, 12-token prompts, sampling at temperature 1, top_p 1, top_k 0 (HF),
 EOS suppressed (`min_new_tokens`) so every call makes exactly batch x new tokens, as the
-baseline's `worker_gen`. `--int8` adds a third side, our `generate` with int8 rollout weights
-(`rollout/int8.py`), and measures its log-probs against float32 scoring of the same tokens. `--out`
-writes the result with its provenance (commit, machine, instruction set).
+baseline's `worker_gen`. `--int8` and `--bf16` add sides, our `generate` with int8 or bf16 rollout weights
+(`rollout/int8.py`, `rollout/bf16.py`), and measure their log-probs against float32 scoring of the same tokens.
+Every ratio is printed with the CPU's instruction set (AVX2, AVX-512, VNNI, AMX flags) and ATen's vector
+capability; `--out` writes the result with its provenance (commit, machine, instruction set).
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def run_generate(args: argparse.Namespace) -> dict:
         return args.batch * new
 
     fns = {"hf": hf, "feedbackrl": ours}
-    if args.int8:
-        fns["feedbackrl_int8"] = lambda: ours("int8")
+    reduced = [w for w in ("int8", "bf16") if getattr(args, w)]
+    for w in reduced:
+        fns[f"feedbackrl_{w}"] = lambda w=w: ours(w)
     for fn in fns.values():  # warm-up
         fn()
     vals: dict[str, list[float]] = {k: [] for k in fns}
@@ -109,20 +112,20 @@ def run_generate(args: argparse.Namespace) -> dict:
     out = {"batch": args.batch, "prompt_len": 12, "new_tokens": new, "flops_per_token": fpt,
            "tokens_per_s": {k: summarize(v) for k, v in vals.items()},
            "ratio_per_repeat": [a / b for a, b in zip(vals["feedbackrl"], vals["hf"], strict=True)]}
-    if args.int8:
-        out["int8_ratio_per_repeat"] = [a / b for a, b in zip(vals["feedbackrl_int8"], vals["hf"], strict=True)]
-        out["int8_vs_fp32_per_repeat"] = [a / b for a, b in zip(vals["feedbackrl_int8"], vals["feedbackrl"],
-                                                                   strict=True)]
-        out["int8_agreement"] = int8_agreement(model, tok, prompts, new)
+    for w in reduced:
+        side = vals[f"feedbackrl_{w}"]
+        out[f"{w}_ratio_per_repeat"] = [a / b for a, b in zip(side, vals["hf"], strict=True)]
+        out[f"{w}_vs_fp32_per_repeat"] = [a / b for a, b in zip(side, vals["feedbackrl"], strict=True)]
+        out[f"{w}_agreement"] = agreement(model, tok, prompts, new, w)
     return out
 
 
-def int8_agreement(model, tok, prompts: list[str], new: int) -> dict:
-    """Int8 rollouts' log-probs against float32 scoring of the same tokens, at temperature 1."""
+def agreement(model, tok, prompts: list[str], new: int, weights: str) -> dict:
+    """Int8 or bf16 rollouts' log-probs against float32 scoring of the same tokens, at temperature 1."""
     from feedbackrl.models.logprobs import sequence_logprobs
     from feedbackrl.rollout.generate import generate
 
-    ro = generate(model, tok, prompts, new, generator=torch.Generator().manual_seed(1), weights="int8")
+    ro = generate(model, tok, prompts, new, generator=torch.Generator().manual_seed(1), weights=weights)
     with torch.no_grad():
         fp32, _ = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
     m = ro.completion_mask.bool()
@@ -145,6 +148,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--int8", action="store_true", help="also time our generate with int8 rollout weights")
+    ap.add_argument("--bf16", action="store_true", help="also time our generate with bf16 rollout weights")
     ap.add_argument("--out", type=Path, default=None, help="write the result JSON here, with provenance")
     args = ap.parse_args()
     setup_threads(args.threads)
@@ -158,12 +162,12 @@ def main() -> None:
            "peak_rss_mib": peak_rss_mib()}
     if args.out is not None:
         args.out.write_text(json.dumps({"provenance": provenance(), "command": " ".join(sys.argv), **res}, indent=2))
-        tps = res.get("tokens_per_s", {})
-        isa = ", ".join(cpu_isa()) or "unknown ISA"
-        for side, v in tps.items():
-            if side != "hf":
-                print(f"{side} / hf: {v['median'] / tps['hf']['median']:.2f}x  [{isa}; torch {torch.__version__}, "
-                      f"ATen {torch.backends.cpu.get_cpu_capability()}]")
+    tps = res.get("tokens_per_s", {})
+    isa = ", ".join(cpu_isa()) or "unknown ISA"
+    for side, v in tps.items():
+        if side != "hf":
+            print(f"{side} / hf: {v['median'] / tps['hf']['median']:.2f}x at batch {args.batch} x {args.new_tokens} "
+                  f"new  [{isa}; torch {torch.__version__}, ATen {torch.backends.cpu.get_cpu_capability()}]")
     emit(RESULT_TAG, res)
 
 

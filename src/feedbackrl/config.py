@@ -68,10 +68,11 @@ class RolloutConfig(Section):
     backend: Literal["native", "vllm"] = Field("native", description=(
         "what samples the training rollouts: our own decoder (native), or vLLM beside the learner: on its GPU "
         "(the vllm extra), or on the CPU with vLLM's CPU build (make vllm-venv); grpo and rloo; docs/scale.md)"))
-    weights: Literal["fp32", "int8"] = Field("fp32", description=(
-        "what the native decoder's matmuls run on: float32, or int8 weights and activations (CPU; float32 "
-        "Llama/Qwen2 models; grpo and rloo, single-turn tasks, one process); the loop then weights each token by "
-        "min(pi_fp32 / pi_int8, scale.importance_cap) (docs/performance.md, 'Int8 rollout weights')"))
+    weights: Literal["fp32", "int8", "bf16"] = Field("fp32", description=(
+        "what the native decoder's matmuls run on: float32, int8 weights and activations, or bf16 ones (bf16 only "
+        "where the CPU has bf16 instructions, AMX or AVX-512 BF16; CPU; float32 Llama/Qwen2 models; grpo and rloo, "
+        "single-turn tasks, one process); the loop then weights each token by min(pi_fp32 / pi_sampler, "
+        "scale.importance_cap) (docs/performance.md, 'Int8 rollout weights', 'Bf16 rollout weights')"))
     vllm_memory: float = Field(0.3, gt=0, lt=1, description=(
         "backend = vllm: fraction of the GPU's memory vLLM takes for its weights and KV cache (the learner "
         "needs the rest); with the CPU build, of the machine's memory unless VLLM_CPU_KVCACHE_SPACE (GiB) is set"))

@@ -28,6 +28,7 @@ from feedbackrl.episodes.external import External
 from feedbackrl.episodes.multi_turn import Episodic
 from feedbackrl.episodes.single_turn import SingleTurn
 from feedbackrl.rewards.verdict import Problem
+from feedbackrl.rollout import bf16
 
 TASK_KINDS: dict[str, TaskKind] = {"single_turn": SingleTurn(), "episodic": Episodic(), "external": External()}
 
@@ -50,6 +51,8 @@ def task_kind(task: Task) -> TaskKind:
 def check_rollout(cfg: RolloutConfig, task: Task) -> None:
     """The `[rollout]` sampling settings the task's kind cannot sample with (checked by every collect step)."""
     kind = task_kind(task)
+    if cfg.weights == "bf16" and (why := bf16.missing()) is not None:  # this machine's CPU, before any work
+        raise ConfigError(why)
     if cfg.weights != "fp32" and not kind.support.quantized_sampling:
         raise ConfigError(f"rollout.weights = {cfg.weights!r} with task.name = {task.name!r}: {kind.refuses}, "
                           "sampled in float32 so far; use rollout.weights = 'fp32'")

@@ -38,7 +38,7 @@ from feedbackrl.models.chat import end_token_ids
 from feedbackrl.models.llama_forward import cat_or_none, rope_pair_rows, shared_prompts
 from feedbackrl.models.logprobs import accepts, encode_prompts, fast_path_ok, positions
 from feedbackrl.models.lora import decodable, effective_weight
-from feedbackrl.rollout import int8, native
+from feedbackrl.rollout import bf16, int8, native
 
 # (rows in the whole batch, the slice of them this call generates): see `generate(rows=...)`
 Rows = tuple[int, slice]
@@ -169,8 +169,37 @@ class _Int8Matmuls:
         x += w(y, self.reduce)
 
 
+class _Bf16Matmuls:
+    """The decoder's matmuls on bf16 weights (out, in) and bf16 activations, float32 accumulation (`rollout/bf16.py`).
+
+    Outputs are rounded to bf16 by the kernel and join the float32 residual stream, biases added in float32."""
+
+    @staticmethod
+    def prepare(weight: Tensor, bias: Tensor | None, in_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        return bf16.prepare(weight, in_scale), None if bias is None else bias.detach().float()
+
+    @staticmethod
+    def mm(y: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        out = bf16.mm(y, w).float()
+        return out if b is None else out.add_(b)
+
+    @staticmethod
+    def mm_into(out: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> None:
+        out.copy_(bf16.mm(y, w))
+        if b is not None:
+            out += b
+
+    @staticmethod
+    def mm_add(x: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> None:  # x += y @ w.T + b, in place
+        x += bf16.mm(y, w)
+        if b is not None:
+            x += b
+
+
+_Matmuls = _Fp32Matmuls | _Int8Matmuls | _Bf16Matmuls
 # rollout.weights: what the fast decoder's matmuls run on
-ROLLOUT_WEIGHTS: dict[str, Callable[[], _Fp32Matmuls | _Int8Matmuls]] = {"fp32": _Fp32Matmuls, "int8": _Int8Matmuls}
+ROLLOUT_WEIGHTS: dict[str, Callable[[], _Matmuls]] = {"fp32": _Fp32Matmuls, "int8": _Int8Matmuls,
+                                                      "bf16": _Bf16Matmuls}
 
 
 class _LlamaDecoder:
@@ -187,8 +216,8 @@ class _LlamaDecoder:
     down projection); each RMSNorm is one per-row scale r = rsqrt(sum(x^2) + C * eps) with
     sqrt(C) * w folded into the following matmul's weight; residuals are added by the matmul
     itself (`addmm_`); RoPE writes the rotated q and k back into the qkv output so one copy puts
-    k and v into the cache. `weights` (`ROLLOUT_WEIGHTS`) picks what the matmuls run on: float32, or int8
-    weights and activations (`rollout/int8.py`), everything else unchanged.
+    k and v into the cache. `weights` (`ROLLOUT_WEIGHTS`) picks what the matmuls run on: float32, int8
+    weights and activations (`rollout/int8.py`) or bf16 ones (`rollout/bf16.py`), everything else unchanged.
     """
 
     def __init__(self, model: PreTrainedModel, prompt_mask: Tensor, max_new_tokens: int,
@@ -389,7 +418,8 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts
     `all_done` decides from the rows' (n,) done flags whether decoding stops (default: when all are done);
     ranks that share a sharded model pass one that agrees across the ranks, so all make the same calls.
     `weights` (`ROLLOUT_WEIGHTS`): "int8" runs the fast decoder's matmuls on int8 weights and activations
-    (`rollout/int8.py`; CPU, fast-path models only); the log-probs are then the int8 decoder's.
+    (`rollout/int8.py`), "bf16" on bf16 weights and activations where the CPU has bf16 instructions
+    (`rollout/bf16.py`); CPU, fast-path models only; the log-probs are then that decoder's.
     """
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     return generate_ids(model, tokenizer, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p, greedy,
@@ -410,6 +440,8 @@ def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pro
         raise ValueError(f"unknown rollout weights {weights!r}; choose one of {sorted(ROLLOUT_WEIGHTS)}")
     model = decodable(model)  # a LoRA model's transformers model, adapters in place (merged by the fast decoder)
     dev = model.device  # the rollout lives where the model does
+    if weights == "bf16" and (why := bf16.missing(dev)) is not None:
+        raise ValueError(why)
     prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
     share: Rows | None = None
     if rows is not None:
