@@ -11,8 +11,9 @@ train.seed + i, and from the run's greedy held-out episodes, train.seed + 10,000
 `--steps` steps in all, episodes reset as they end. The cost per step is the sum of the cost over all steps
 divided by their number: the quantity the Lagrange multiplier constrains (`constraint.threshold`, per step), on
 a fixed policy. Its standard error is sqrt(p (1 - p) / steps): 0.0004 at p = 0.003 over 20,480 steps, against
-0.0008 for the late training figure (5,120 steps of a policy that changes in between). Also recorded: the
-share of episodes that end in a crash, and the policy's mean entropy over the visited states.
+0.0008 for the late training figure (5,120 steps of a policy that changes in between); with it the Wilson 95%
+interval (`algos.confidence.wilson_interval`; the collision cost is 0 or 1 per step). Also recorded: the share
+of episodes that end in a crash, and the policy's mean entropy over the visited states.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import provenance  # noqa: E402
 
+from feedbackrl.algos.confidence import wilson_interval  # noqa: E402
 from feedbackrl.control.envs import make_vec_env  # noqa: E402
 from feedbackrl.control.loop import _cost_fn, load_checkpoint  # noqa: E402
 from feedbackrl.control.policy import ActorCritic  # noqa: E402
@@ -86,8 +88,10 @@ def policy_cost(ckpt: Path, modes: list[str], steps: int, n_envs: int) -> dict[s
             crashed += sum(e.get("collision", 0.0) for e in ro.episodes)
         collector.envs.close()
         p = cost / n
+        low, high = wilson_interval(int(round(cost)), n)  # the collision cost is 0 or 1 per step
         out[mode] = {"temperature": temperature(mode), "steps": n, "cost_per_step": p,
-                     "cost_per_step_se": math.sqrt(max(p, 1.0 / n) * (1 - p) / n), "cost_sum": cost,
+                     "cost_per_step_se": math.sqrt(max(p, 1.0 / n) * (1 - p) / n), "wilson95": [low, high],
+                     "cost_sum": cost,
                      "episodes_finished": episodes, "episode_collision_rate": crashed / max(episodes, 1),
                      "mean_entropy": entropy / n, "cpu_seconds": time.process_time() - t0}
         print(f"{ckpt}: {mode}: cost/step {p:.4f} +- {out[mode]['cost_per_step_se']:.4f} over {n} steps "
