@@ -20,7 +20,7 @@ IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo safe-demo-ppo secret-demo test test-all test-isa lint bench smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -90,6 +90,13 @@ safe-demo-ppo: setup
 # (runs/secret_demo/summary.json). The tiny model, one run at a time, one thread.
 secret-demo: setup
 	OMP_NUM_THREADS=1 $(PY) examples/secret_demo.py --out runs/secret_demo
+
+# Demonstrations and takeovers on CartPole-v1 (docs/control.md): behaviour cloning on a simulated expert's noisy
+# demonstrations, then PPO while the expert takes over where the agent is about to fail, every takeover cloned
+# after each update (recipes/cartpole_assist.toml); runs/cartpole_assist/report.json and metrics.jsonl (the
+# takeover rate per update). Needs the control extra (installed with the test extras). One thread, ~2 min.
+assist-demo: $(TEST_STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/cartpole_assist.toml --out runs/cartpole_assist
 
 test: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m ruff check .

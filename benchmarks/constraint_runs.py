@@ -2,7 +2,12 @@
 trajectory and the held-out metrics, per run directory.
 
 Run: .venv/bin/python benchmarks/constraint_runs.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...]
-each RUN_DIR written by `feedbackrl train RECIPE --out RUN_DIR --set train.seed=S [--set ...]`.
+       [--section KEY] [--policy-cost POLICY_COST.json]
+each RUN_DIR written by `feedbackrl train RECIPE --out RUN_DIR --set train.seed=S [--set ...]`. Without
+`--section` OUT.json is rewritten as {"provenance", "runs"}; with it, the runs go under OUT.json's KEY (with their
+own provenance) and every other key of the file is kept. `--policy-cost` adds the file written by
+benchmarks/policy_cost.py (each checkpoint's greedy and sampled cost per step over held-out episodes) under the
+section's "policy_cost".
 
 "Late training" is the last quarter of the updates, as in benchmarks/bench_control.py: the mean over those
 updates of `cost/mean` (the rollout's cost per environment step) and of `episode/collision` (the share of
@@ -36,6 +41,8 @@ def one_run(run_dir: Path) -> dict[str, Any]:
                                                         if "episode/collision" in r),
         "late_training_return": statistics.mean(r["episode/return"] for r in late if "episode/return" in r),
         "cost_per_step_by_update": [r["cost/mean"] for r in rl],
+        "entropy_by_update": [r["policy/entropy"] for r in rl],
+        "late_entropy": statistics.mean(r["policy/entropy"] for r in late),
         "eval_after": report["control_eval_after"], "train_seconds": report.get("train_seconds"),
     }
     if rl and "constraint/lambda" in rl[0]:
@@ -45,17 +52,32 @@ def one_run(run_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    opts = {}
+    for flag in ("--section", "--policy-cost"):
+        if flag in args:
+            i = args.index(flag)
+            opts[flag] = args[i + 1]
+            del args[i:i + 2]
+    if len(args) < 2:
         raise SystemExit(__doc__)
     runs = {}
-    for arg in sys.argv[2:]:
+    for arg in args[1:]:
         name, _, path = arg.partition("=")
         runs[name] = one_run(Path(path))
         r = runs[name]
         print(f"{name}: seed {r['seed']}, late cost/step {r['late_training_cost_per_step']:.4f}, held-out collision "
               f"{r['eval_after']['eval/collision']:.2f}" + (f", final lambda {r['final_lambda']:.2f}"
                                                             if "final_lambda" in r else ""), flush=True)
-    Path(sys.argv[1]).write_text(json.dumps({"provenance": provenance(), "runs": runs}, indent=2) + "\n")
+    out = Path(args[0])
+    measured: dict[str, Any] = {"provenance": provenance(), "runs": runs}
+    if "--policy-cost" in opts:
+        measured["policy_cost"] = json.loads(Path(opts["--policy-cost"]).read_text())
+    if "--section" not in opts:
+        out.write_text(json.dumps(measured, indent=2) + "\n")
+        return
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    out.write_text(json.dumps({**kept, opts["--section"]: measured}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -234,6 +234,27 @@ class SegmentPrefsConfig(Section):
         return self
 
 
+class ControlAssistConfig(Section):
+    """A simulated expert in the loop (control/assist.py): behaviour cloning on its noisy demonstrations as a warm
+    start, then PPO while it takes over where it judges the agent about to fail, each update followed by
+    behaviour cloning on the demonstrations and every takeover so far (HG-DAgger's aggregated intervention data)."""
+
+    demo_steps: int = Field(80, ge=0, description="environment steps of noisy expert demonstrations (all "
+                            "environments together); 0 = none, no warm start")
+    demo_noise: float = Field(0.3, ge=0, le=1, description="probability that a demonstrated action is replaced by a "
+                              "random one (the executed action is recorded, as a person's slips would be)")
+    bc_steps: int = Field(300, ge=0, description="full-batch optimizer steps of behaviour cloning on the "
+                          "demonstrations before PPO (the warm start)")
+    bc_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of behaviour cloning (warm start and "
+                         "after each update)")
+    takeover: bool = Field(True, description="the expert executes its own action where it judges the state about "
+                           "to fail (false: PPO after the warm start, the expert only demonstrates)")
+    takeover_bc_steps: int = Field(50, ge=0, description="full-batch behaviour cloning steps after each update, on "
+                                   "the demonstrations and every taken-over state so far (the expert's action)")
+    takeover_penalty: float = Field(1.0, ge=0, allow_inf_nan=False, description=(
+        "subtracted from the reward PPO sees at every taken-over step (an intervention cost)"))
+
+
 class ControlConfig(Section):
     """A control task: a gymnasium environment stepped in parallel copies, and the signal the policy learns from."""
 
@@ -247,6 +268,8 @@ class ControlConfig(Section):
         "what PPO maximises: the environment's reward, or a reward learned from segment preferences"))
     cost: str = Field("", description='cost signal (control/envs.py COSTS: "cart_off_centre", "collision"); "" = none')
     preferences: SegmentPrefsConfig = Field(default_factory=SegmentPrefsConfig)
+    assist: ControlAssistConfig | None = Field(None, description=(
+        "[control.assist]: demonstrations and takeovers by the environment's simulated expert beside PPO"))
 
 
 # One config class per algorithm, told apart by `name`; the run path looks the name up in
@@ -696,9 +719,26 @@ class RunConfig(Section):
         if m.gold_every or m.audit.every:
             raise ValueError("monitors.gold_every and monitors.audit check text completions; a control run's gold "
                              "is the environment's return, compared with the learned reward at every step")
+        if c.assist is not None:
+            self._check_assist()
         if c.reward == "preferences" and c.preferences.segment_len > c.rollout_steps:
             raise ValueError(f"control.preferences.segment_len = {c.preferences.segment_len} is longer than a "
                              f"rollout (control.rollout_steps = {c.rollout_steps}), where segments are cut from")
+
+    def _check_assist(self) -> None:
+        """[control.assist] runs PPO on the environment's reward beside the expert: what it does not combine with."""
+        c = self.control
+        if c.reward != "env":
+            raise ValueError("[control.assist] trains on the environment's reward beside the expert's takeovers; "
+                             f"control.reward = {c.reward!r} is not supported with it: remove one of them")
+        if c.cost or self.constraint is not None:
+            raise ValueError("[control.assist] has no cost value head yet: remove control.cost and [constraint], or "
+                             "[control.assist]")
+        if self.monitors.enabled and "monitors" in self.model_fields_set:
+            raise ValueError("[control.assist] logs the takeover rate but runs no monitors yet: remove [monitors]")
+        if self.eval.every:
+            raise ValueError("[control.assist] evaluates the greedy policy after every update already: remove "
+                             "eval.every")
 
     def _check_safety(self) -> None:
         """[cost], [constraint] and [release]: what each needs, and what does not run them yet."""

@@ -39,3 +39,20 @@ def test_lagrangian_run_moves_the_multiplier_against_the_violation(tmp_path):
     tight = go(0.0, tmp_path / "tight")
     assert all(r["constraint/violation"] >= 0 for r in tight)
     assert all(r["constraint/lambda"] >= 1.0 for r in tight)
+
+
+def test_a_constrained_checkpoint_loads_for_evaluation(tmp_path):
+    from feedbackrl.control.loop import eval_checkpoint, load_checkpoint
+    from feedbackrl.train.run import run
+
+    out = tmp_path / "run"
+    cfg = build_config({"algo": {"name": "control_ppo", "steps": 1, "minibatches": 2},
+                        "control": {"num_envs": 2, "rollout_steps": 32, "eval_episodes": 2, "cost": "cart_off_centre"},
+                        "train": {"threads": 1}, "constraint": {"threshold": 0.1, "lr": 2.0, "window": 4}})
+    report = run(cfg, out)
+    ckpt = out / "checkpoints" / "step_000001"
+    # the saved config holds every field, the PID multiplier's kp, ki and kd too: they must not read as given
+    assert json.loads((ckpt / "run_config.json").read_text())["constraint"]["ki"] == 0.1
+    policy, loaded = load_checkpoint(ckpt)
+    assert loaded.constraint == cfg.constraint and policy.critic[-1].out_features == 2
+    assert eval_checkpoint(ckpt)["eval/cost"] == report["control_eval_after"]["eval/cost"]

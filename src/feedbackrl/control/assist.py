@@ -29,13 +29,18 @@ id) with its test of "about to fail". What it gives the learner:
 Success is the greedy policy on its own, no expert watching: an evaluation episode counts when it runs to the
 environment's time limit without terminating (on CartPole-v1: 500 steps without the pole falling).
 
-This is not yet an algorithm of `feedbackrl train`; `benchmarks/bench_assist.py` drives it.
+`feedbackrl train` runs it for a recipe with a `[control.assist]` section (`run_recipe`, e.g.
+`recipes/cartpole_assist.toml`): the BC warm start, then `algo.steps` updates of `run_assisted`, the takeover
+rate and the greedy success logged per update. `benchmarks/bench_assist.py` drives the same functions for every
+arm of the comparison.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -45,10 +50,11 @@ from torch import Tensor
 
 from feedbackrl.algos.imitation import bc_loss, takeover_preference_loss
 from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
-from feedbackrl.config import ControlPPOConfig
+from feedbackrl.config import ConfigError, ControlPPOConfig, RunConfig
 from feedbackrl.control.envs import make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.rollout import Collector, minibatch_indices, rollout_advantages
+from feedbackrl.log import MetricsSink, console
 
 
 def cartpole_expert(obs: np.ndarray) -> np.ndarray:
@@ -93,6 +99,7 @@ class AssistConfig:
     takeover_beta: float = 1.0
     takeover_penalty: float = 1.0  # subtracted from the reward of every taken-over step (an intervention cost)
     eval_episodes: int = 10
+    hidden: int = 64  # hidden width of the actor and critic MLPs
     ppo: ControlPPOConfig = field(default_factory=ControlPPOConfig)
 
     def __post_init__(self) -> None:
@@ -109,7 +116,7 @@ def new_policy(cfg: AssistConfig, seed: int) -> ActorCritic:
     if not discrete:
         raise ValueError("the simulated experts act in discrete action spaces")
     torch.manual_seed(seed)
-    return ActorCritic(obs_dim, n_act, discrete)
+    return ActorCritic(obs_dim, n_act, discrete, cfg.hidden)
 
 
 def demonstrations(cfg: AssistConfig, seed: int) -> tuple[Tensor, Tensor]:
@@ -231,12 +238,12 @@ def assisted_update(policy: ActorCritic, optimizer: torch.optim.Optimizer, batch
     return {k: v / counts[k] for k, v in totals.items()}
 
 
-def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int,
-                 demos: tuple[Tensor, Tensor] | None = None) -> list[dict[str, Any]]:
+def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int, demos: tuple[Tensor, Tensor] | None = None,
+                 on_update: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """cfg.updates PPO updates on the environment's reward, the expert taking over where it judges the agent
     about to fail (cfg.takeover), each followed by behaviour cloning on `demos` (observations, actions; none:
     the takeovers alone) and every takeover so far. -> one metrics dict per update (and the evaluation before the
-    first)."""
+    first), each also passed to `on_update` as it is made."""
     expert, a = EXPERTS[cfg.env], cfg.ppo
     collector = Collector(make_vec_env(cfg.env, cfg.num_envs), seed)
     agent = Supervised(policy, expert, cfg.takeover)
@@ -272,8 +279,75 @@ def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int,
                     "assist/takeover_rate": float(taken.float().mean()),
                     "episode/return": float(np.mean([e["return"] for e in eps])) if eps else float("nan"),
                     **stats, **evaluate(policy, cfg, seed + 10_000)})
+        if on_update is not None:
+            on_update(log[-1])
     collector.envs.close()
     return log
+
+
+def assist_config(cfg: RunConfig) -> AssistConfig:
+    """A recipe's `[control]` with its `[control.assist]`, and `[algo]` (PPO; `algo.steps` updates) ->
+    AssistConfig; an environment without a simulated expert is refused here, before any work."""
+    c, s = cfg.control, cfg.control.assist
+    if c.env not in EXPERTS:
+        raise ConfigError(f"[control.assist] needs a simulated expert for control.env = {c.env!r}; experts exist "
+                          f"for {sorted(EXPERTS)} (control/assist.py EXPERTS)")
+    return AssistConfig(env=c.env, num_envs=c.num_envs, rollout_steps=c.rollout_steps, demo_steps=s.demo_steps,
+                        demo_noise=s.demo_noise, bc_steps=s.bc_steps, bc_lr=s.bc_lr, updates=cfg.algo.steps,
+                        takeover=s.takeover, takeover_bc_steps=s.takeover_bc_steps,
+                        takeover_penalty=s.takeover_penalty, eval_episodes=c.eval_episodes, hidden=c.hidden,
+                        ppo=cfg.algo)
+
+
+def run_recipe(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSink) -> dict[str, Any]:
+    """`feedbackrl train` with `[control.assist]`: behaviour cloning on the expert's noisy demonstrations, then
+    `algo.steps` updates of `run_assisted`; the final policy saved as a control checkpoint (`feedbackrl eval`
+    reads it). -> the report's control section."""
+    from feedbackrl.control.loop import _save  # the control run's checkpoint layout
+
+    if ckpt is not None:
+        raise ConfigError("--resume: a run with [control.assist] cannot continue from a checkpoint yet (its "
+                          "takeover data are not saved); start the run again")
+    a, seed = assist_config(cfg), cfg.train.seed
+    policy = new_policy(a, seed)
+    before = evaluate(policy, a, seed + 10_000)
+    sink.log(0, {"phase": "eval", "env_steps": 0, **before})
+    demos = demonstrations(a, seed) if a.demo_steps else None
+    warm = before
+    if demos is not None and a.bc_steps:
+        bc = behaviour_clone(policy, *demos, a.bc_steps, a.bc_lr)
+        warm = evaluate(policy, a, seed + 10_000)
+        sink.log(0, {"phase": "bc", "env_steps": 0, "bc/demo_steps": len(demos[1]), **bc, **warm})
+        console.print(f"behaviour cloning on {len(demos[1])} demonstration steps: greedy return "
+                      f"{before['eval/return']:.1f} -> {warm['eval/return']:.1f}, success {warm['eval/success']:.2f}")
+
+    def on_update(row: dict[str, Any]) -> None:
+        sink.log(row["update"], {"phase": "rl", **{k: v for k, v in row.items() if k != "update"}})
+
+    t0 = time.perf_counter()
+    log = run_assisted(policy, a, seed, demos, on_update)
+    train_s = time.perf_counter() - t0
+    envs = make_vec_env(a.env, 1)
+    obs_dim, act_dim, discrete = space_dims(envs)
+    envs.close()
+    model_config = {"obs_dim": obs_dim, "action_dim": act_dim, "discrete": discrete, "hidden": a.hidden,
+                    "value_heads": 1, "env": a.env}
+    _save(out_dir, a.updates, cfg, {"step": a.updates, "policy": policy.state_dict(), "eval_before": before},
+          model_config)
+    after = {k: v for k, v in log[-1].items() if k.startswith("eval/")}
+    rates = [r["assist/takeover_rate"] for r in log[1:]]
+    k = max(1, len(rates) // 4)
+    summary = {"takeover_labels": log[-1].get("assist/takeover_labels", 0.0) if rates else 0.0,
+               "takeover_rate_first_quarter": float(np.mean(rates[:k])) if rates else 0.0,
+               "takeover_rate_last_quarter": float(np.mean(rates[-k:])) if rates else 0.0}
+    console.print(f"{a.env}: greedy success {before['eval/success']:.2f} -> {warm['eval/success']:.2f} (BC) -> "
+                  f"{after['eval/success']:.2f} over {a.eval_episodes} held-out episodes; takeover rate "
+                  f"{summary['takeover_rate_first_quarter']:.3f} -> {summary['takeover_rate_last_quarter']:.3f} "
+                  f"(first and last quarter of the updates), {summary['takeover_labels']:.0f} expert labels")
+    return {"env": a.env, "reward_signal": "env", "env_steps": a.updates * a.num_envs * a.rollout_steps,
+            "control_eval_before": before, "control_eval_bc": warm, "control_eval_after": after,
+            "train_seconds": train_s,
+            "assist": {"demo_steps": len(demos[1]) if demos is not None else 0, **summary}}
 
 
 def dagger(policy: ActorCritic, cfg: AssistConfig, seed: int, obs: Tensor, actions: Tensor) -> list[dict[str, Any]]:

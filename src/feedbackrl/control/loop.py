@@ -32,7 +32,7 @@ import torch
 
 from feedbackrl.algos.constrained import combined_advantages
 from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
-from feedbackrl.config import ConfigError, ControlPPOConfig, RunConfig
+from feedbackrl.config import ConfigError, ConstraintConfig, ControlPPOConfig, RunConfig
 from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
@@ -92,6 +92,10 @@ class _Greedy:
 def load_checkpoint(ckpt: Path) -> tuple[ActorCritic, RunConfig]:
     """A control checkpoint dir -> its policy (in eval mode) and the run's config."""
     saved = json.loads((ckpt / CONFIG_FILE).read_text())  # every field written; a control run reads these
+    if saved.get("constraint") is not None:  # every field was written, the other multiplier's defaults too: they
+        # would read as set and be refused (constraint.kd with multiplier = "lagrangian"), so defaults are dropped
+        saved["constraint"] = {k: v for k, v in saved["constraint"].items()
+                               if v != ConstraintConfig.model_fields[k].default}
     cfg = RunConfig.model_validate({k: saved[k] for k in ("algo", "control", "train", "constraint")
                                     if saved.get(k) is not None})
     m = json.loads((ckpt / MODEL_CONFIG).read_text())
@@ -180,7 +184,12 @@ _NO_COMPLETIONS = _NoCompletions()
 
 
 def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSink) -> dict[str, Any]:
-    """Train a control policy with PPO (docs/control.md); -> the report's control section."""
+    """Train a control policy with PPO (docs/control.md); -> the report's control section. With
+    `[control.assist]`, PPO beside a simulated expert's demonstrations and takeovers (`assist.run_recipe`)."""
+    if cfg.control.assist is not None:
+        from feedbackrl.control.assist import run_recipe  # it imports this module: the checkpoint writer
+
+        return run_recipe(cfg, out_dir, ckpt, sink)
     c, a, seed = cfg.control, cfg.algo, cfg.train.seed
     torch.manual_seed(seed)
     from_app = c.reward == "preferences" and c.preferences.labels_from == "app"
