@@ -9,7 +9,7 @@ Attention, the KV cache, the norms, softmax and sampling stay float32.
 
 Each rounding is relative, at most u = 2^-8 of the value (bf16 keeps 8 significant bits), so one matmul's output
 is off by at most (2u + u^2) sum_j |y_j w_j| (its inputs) plus u |y w| (its output) plus float32 accumulation:
-the bound `tests/rollout/test_bf16.py` holds the matmul to. What that costs in log-probs is measured
+the bound `tests/rollout/test_bf16_rollout.py` holds the matmul to. What that costs in log-probs is measured
 (docs/performance.md, "Bf16 rollout weights"); the training loop corrects for it as for int8: the batch carries
 the bf16 sampler's log-probs as the behaviour log-probs and each token is weighted by
 min(pi_fp32 / pi_bf16, scale.importance_cap) (`algos/staleness.py`).
