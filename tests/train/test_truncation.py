@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.episodes.kinds import evaluate
 from feedbackrl.episodes.single_turn import fail_truncated
@@ -36,3 +38,35 @@ def test_eval_reports_the_truncation_rate_and_can_fail_truncated_answers(peaked_
     r = evaluate(peaked_lm, tokenizer, task, problems, 3, k=0, truncated_fails=True)
     assert (r.truncated_frac, r.accuracy) == (1.0, 0.0)
     assert r.to_dict()["truncated_frac"] == 1.0
+
+
+class _Rollout:
+    """What `generate` returns, as far as the evaluation reads it."""
+
+    def __init__(self, texts, truncated):
+        self.texts = texts
+        self.truncated = torch.tensor(truncated)
+        self.completion_mask = torch.ones(len(texts), 3, dtype=torch.long)
+
+
+class _SaysOk(AdditionTask):
+    def verify(self, problem, completion):
+        return Verdict(float(completion == "ok"), completion == "ok", "")
+
+
+def test_eval_reports_accuracy_among_finished_answers(monkeypatch, tokenizer):
+    import feedbackrl.episodes.single_turn as single_turn
+
+    texts, cut = ["ok", "no", "ok", "no", "ok"], [False, False, True, True, False]
+    monkeypatch.setattr(single_turn, "generate", lambda *a, **kw: _Rollout(texts, cut))
+    task = _SaysOk()
+    problems = task.heldout(5)
+    # 3 finished answers, 2 of them right; the cut-off "ok" counts overall unless truncated_fails
+    r = evaluate(None, tokenizer, task, problems, 3, k=0)
+    assert (r.accuracy, r.finished_accuracy, r.truncated_frac) == (3 / 5, 2 / 3, 2 / 5)
+    r = evaluate(None, tokenizer, task, problems, 3, k=0, truncated_fails=True)
+    assert (r.accuracy, r.finished_accuracy) == (2 / 5, 2 / 3)
+    assert r.to_dict()["finished_accuracy"] == 2 / 3
+    texts, cut = ["ok", "no", "ok", "no", "ok"], [True] * 5
+    r = evaluate(None, tokenizer, task, problems, 3, k=0, warn_truncated=1.0)
+    assert r.accuracy == 3 / 5 and math.isnan(r.finished_accuracy)  # nothing finished: no reading

@@ -2,6 +2,7 @@
 
 - addition: `procedural.addition.AdditionTask`
 - reverse: `procedural.reverse.ReverseTask` (the demo task)
+- word_problems: `procedural.word_problems.WordProblemTask` (GSM8K-style stories of 1-3 steps)
 - dataset: `dataset.DatasetTask` (JSONL/Parquet/CSV/saved `datasets`; verifier exact, math or code)
 - reasoning_gym: `reasoning_gym.ReasoningGymTask` (any reasoning-gym generator, `dataset` + `config`)
 - planted_reverse: `planted.PlantedReverse` (a proxy reward with a known loophole, and a hidden gold check)
@@ -33,6 +34,7 @@ from feedbackrl.envs.guess import GuessNumberTask
 from feedbackrl.envs.planted import PlantedReverse
 from feedbackrl.envs.procedural.addition import AdditionTask
 from feedbackrl.envs.procedural.reverse import ReverseTask
+from feedbackrl.envs.procedural.word_problems import WordProblemTask
 from feedbackrl.envs.reasoning_gym import ReasoningGymTask
 from feedbackrl.envs.secret import SecretTask
 from feedbackrl.envs.verifiers_env import VerifiersTask
@@ -40,6 +42,7 @@ from feedbackrl.envs.verifiers_env import VerifiersTask
 TASKS: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
     "reverse": ReverseTask,
+    "word_problems": WordProblemTask,
     "dataset": DatasetTask,
     "reasoning_gym": ReasoningGymTask,
     "adaptive_addition": adaptive_addition,

@@ -82,14 +82,17 @@ class EvalResult:
     n: int
     mean_len: float
     truncated_frac: float = 0.0  # greedy answers cut off by max_new_tokens
+    # greedy accuracy among the answers that ended before max_new_tokens (NaN when none did); None = not measured
+    finished_accuracy: float | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # episodic tasks: `episode_stats` of the greedy episodes
 
     def to_dict(self) -> dict[str, Any]:
         sampled = {f"pass@{self.k}": self.pass_at_k} if self.k else {}  # k = 0: greedy only, no pass@k
         return {"accuracy": self.accuracy, **sampled, "k": self.k, "n": self.n,
-                "mean_len": self.mean_len, "truncated_frac": self.truncated_frac, "samples": self.samples,
-                **self.metrics}
+                "mean_len": self.mean_len, "truncated_frac": self.truncated_frac,
+                **({} if self.finished_accuracy is None else {"finished_accuracy": self.finished_accuracy}),
+                "samples": self.samples, **self.metrics}
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ class SingleTurn:
         s = settings
         k, max_new_tokens, truncated_fails, all_done = s.k, s.max_new_tokens, s.truncated_fails, s.all_done
         gen = torch.Generator().manual_seed(s.seed)
-        correct, any_correct, lengths, cut, samples = 0, 0, 0, 0, []
+        correct, finished_correct, any_correct, lengths, cut, samples = 0, 0, 0, 0, 0, []
         for batch in _batches(problems, max(1, s.batch_size // max(k, 1))):
             greedy = generate(model, tokenizer, [p.prompt for p in batch], max_new_tokens, greedy=True,
                               all_done=all_done)
@@ -128,6 +128,7 @@ class SingleTurn:
             ok = [task.verify(p, t).passed and not (truncated_fails and c)
                   for p, t, c in zip(batch, greedy.texts, greedy.truncated.tolist(), strict=True)]
             correct += sum(ok)
+            finished_correct += sum(good and not c for good, c in zip(ok, greedy.truncated.tolist(), strict=True))
             for p, t, good in zip(batch, greedy.texts, ok, strict=True):
                 if len(samples) < s.n_samples:
                     samples.append({"prompt": p.prompt, "completion": t, "correct": good})
@@ -146,7 +147,9 @@ class SingleTurn:
             console.print(f"[yellow]warning: {cut}/{n} greedy eval answers hit max_new_tokens={max_new_tokens} "
                           "before an end token; raise rollout.max_new_tokens"
                           + ("" if truncated_fails else " (or set rollout.truncated_fails = true)"))
-        return EvalResult(correct / n, any_correct / n, k, n, lengths / n, cut / n, samples)
+        finished = n - cut
+        return EvalResult(correct / n, any_correct / n, k, n, lengths / n, cut / n,
+                          finished_correct / finished if finished else float("nan"), samples)
 
     def demonstrations(self, tokenizer: PreTrainedTokenizerBase, task: Task, problems: list[Problem],
                        demos: list[Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -33,9 +33,11 @@ def _eval_table(report: dict[str, Any]) -> None:
     rows = [("accuracy", "greedy pass@1"), (f"pass@{k}", f"pass@{k}"), ("mean_len", "mean length")]
     if "truncated_frac" in shown:
         rows.append(("truncated_frac", "cut off at max_new_tokens"))
+    if "finished_accuracy" in shown:
+        rows.append(("finished_accuracy", "accuracy among finished answers"))
     for key, label in rows if k else [r for r in rows if r[0] != f"pass@{k}"]:
-        b = f"{before[key]:.3f}" if before else "-"
-        a = f"{after[key]:.3f}" if after else "-"
+        b = f"{before[key]:.3f}" if before and key in before else "-"
+        a = f"{after[key]:.3f}" if after and key in after else "-"
         table.add_row(label, b, a)
     console.print(table)
 
