@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import torch
@@ -70,3 +71,6 @@ def test_eval_reports_accuracy_among_finished_answers(monkeypatch, tokenizer):
     texts, cut = ["ok", "no", "ok", "no", "ok"], [True] * 5
     r = evaluate(None, tokenizer, task, problems, 3, k=0, warn_truncated=1.0)
     assert r.accuracy == 3 / 5 and math.isnan(r.finished_accuracy)  # nothing finished: no reading
+    # ... written as null, so report.json stays valid JSON and a report read back equals the one written
+    assert r.to_dict()["finished_accuracy"] is None
+    assert json.loads(json.dumps(r.to_dict(), allow_nan=False)) == r.to_dict()

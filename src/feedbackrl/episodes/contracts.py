@@ -19,6 +19,7 @@ take the policy as a torch module and name nothing of a token sequence beyond th
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,10 @@ class Batch:
         return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
 
 
+def _number_or_null(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
 @dataclass
 class EvalResult:
     accuracy: float  # greedy pass@1
@@ -82,16 +87,19 @@ class EvalResult:
     n: int
     mean_len: float
     truncated_frac: float = 0.0  # greedy answers cut off by max_new_tokens
-    # greedy accuracy among the answers that ended before max_new_tokens (NaN when none did); None = not measured
+    # greedy accuracy among the answers that ended before max_new_tokens (NaN when none did, null in to_dict so
+    # that reports stay valid JSON and compare equal); None = not measured
     finished_accuracy: float | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # episodic tasks: `episode_stats` of the greedy episodes
 
     def to_dict(self) -> dict[str, Any]:
         sampled = {f"pass@{self.k}": self.pass_at_k} if self.k else {}  # k = 0: greedy only, no pass@k
+        f = self.finished_accuracy
+        finished = {} if f is None else {"finished_accuracy": _number_or_null(f)}
         return {"accuracy": self.accuracy, **sampled, "k": self.k, "n": self.n,
                 "mean_len": self.mean_len, "truncated_frac": self.truncated_frac,
-                **({} if self.finished_accuracy is None else {"finished_accuracy": self.finished_accuracy}),
+                **finished,
                 "samples": self.samples, **self.metrics}
 
 

@@ -36,8 +36,8 @@ def _eval_table(report: dict[str, Any]) -> None:
     if "finished_accuracy" in shown:
         rows.append(("finished_accuracy", "accuracy among finished answers"))
     for key, label in rows if k else [r for r in rows if r[0] != f"pass@{k}"]:
-        b = f"{before[key]:.3f}" if before and key in before else "-"
-        a = f"{after[key]:.3f}" if after and key in after else "-"
+        b = f"{before[key]:.3f}" if before and before.get(key) is not None else "-"
+        a = f"{after[key]:.3f}" if after and after.get(key) is not None else "-"
         table.add_row(label, b, a)
     console.print(table)
 

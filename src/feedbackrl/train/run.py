@@ -223,7 +223,8 @@ def start_run(cfg: RunConfig, out_dir: str | Path, ranks: Ranks | None = None) -
 
 def _eval_metrics(result: dict[str, Any], k: int) -> dict[str, Any]:
     sampled = {f"eval/pass@{k}": result[f"pass@{k}"]} if k else {}  # eval.pass_k = 0: greedy only
-    finished = {"eval/finished_accuracy": result["finished_accuracy"]} if "finished_accuracy" in result else {}
+    finished = ({"eval/finished_accuracy": result["finished_accuracy"]}
+                if result.get("finished_accuracy") is not None else {})
     return {"phase": "eval", "eval/accuracy": result["accuracy"], **sampled, **finished}
 
 
