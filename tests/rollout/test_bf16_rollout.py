@@ -12,9 +12,10 @@ import random
 import pytest
 import torch
 from fp32 import gamma
+from reduced_rollouts import sample_and_rescore
 
 from feedbackrl.config import ConfigError, RolloutConfig, RunConfig, TaskConfig
-from feedbackrl.models.logprobs import positions, sequence_logprobs
+from feedbackrl.models.logprobs import positions
 from feedbackrl.rollout import bf16
 from feedbackrl.rollout import generate as gen_mod
 from feedbackrl.rollout.generate import generate
@@ -77,12 +78,8 @@ def test_bf16_rollouts_match_fp32_logprobs_within_the_rounding_tolerance(model_n
     model = request.getfixturevalue(model_name)
     tok = request.getfixturevalue("smol_tokenizer" if model_name == "smol_lm" else "tokenizer")
     temperature = 0.8
-    ro = generate(model, tok, PROMPTS * 4, 12, temperature=temperature, generator=torch.Generator().manual_seed(3),
-                  weights="bf16")
+    ro, fp32, ids, mask = sample_and_rescore(model, tok, PROMPTS * 4, "bf16", temperature)
     with torch.no_grad():
-        fp32, _ = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
-                                    temperature=temperature)
-        ids, mask = torch.cat([ro.prompt_ids, ro.completion_ids], 1), torch.cat([ro.prompt_mask, ro.completion_mask], 1)
         hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
         head = model.get_output_embeddings()
         s = (hidden.abs() @ head.weight.abs().T)[mask.bool()].amax(-1) / temperature  # S per position

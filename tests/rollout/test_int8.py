@@ -10,9 +10,10 @@ still holds it to float32 rounding.
 import pytest
 import torch
 from fp32 import gamma
+from reduced_rollouts import sample_and_rescore
 
 from feedbackrl.config import ConfigError, RolloutConfig
-from feedbackrl.models.logprobs import positions, sequence_logprobs
+from feedbackrl.models.logprobs import positions
 from feedbackrl.rollout import generate as gen_mod
 from feedbackrl.rollout import int8
 from feedbackrl.rollout.generate import generate
@@ -97,12 +98,8 @@ def test_int8_rollouts_match_fp32_logprobs_within_the_stated_tolerance(model_nam
     model = request.getfixturevalue(model_name)
     tok = request.getfixturevalue("smol_tokenizer" if model_name == "smol_lm" else "tokenizer")
     temperature = 0.8
-    ro = generate(model, tok, PROMPTS * 4, 12, temperature=temperature, generator=torch.Generator().manual_seed(3),
-                  weights="int8")
+    ro, fp32, ids, mask = sample_and_rescore(model, tok, PROMPTS * 4, "int8", temperature)
     with torch.no_grad():
-        fp32, _ = sequence_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
-                                    temperature=temperature)
-        ids, mask = torch.cat([ro.prompt_ids, ro.completion_ids], 1), torch.cat([ro.prompt_mask, ro.completion_mask], 1)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits[mask.bool()]
     sigma = logits.std(-1).mean().item() / temperature
     done = ro.completion_mask.bool()
