@@ -214,3 +214,12 @@ def test_limits_and_transcript_helpers_reject_bad_input() -> None:
     with pytest.raises(ValueError, match="2 turns need 1"):
         demo_conversation(["a", "b"], [])
     assert TASKS["calculator_addition"] is CalculatorAdditionTask and TASKS["guess_number"] is GuessNumberTask
+
+
+def test_transcripts_written_before_parse_errors_read_as_zero() -> None:
+    rec = EpisodeRecord("p", turn_rewards=[0.0], tool_calls=1, tool_errors=1, end="answered", verdict=fail("x"),
+                        parse_errors=1)
+    d = rec.to_dict()
+    assert d["parse_errors"] == 1 and EpisodeRecord.from_dict(d).to_dict() == d
+    del d["parse_errors"]  # an episodes.jsonl line from before the field existed
+    assert EpisodeRecord.from_dict(d).parse_errors == 0
