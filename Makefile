@@ -148,8 +148,8 @@ smollm2-word: setup
 
 # SmolLM2-135M-Instruct learns to call the calculator (docs/real_models.md, "Tools on SmolLM2"): the base model
 # evaluated on 50 held-out calculator_addition episodes with and without the tool, then each arm's recipe (a short
-# SFT on the task's noisy demonstrations, then GRPO on whole episodes, seed 0), then one results file with
-# accuracy, tool calls and malformed calls per episode per stage. One job at a time, one thread; ~1.5 h on a
+# SFT on the task's noisy demonstrations, then GRPO on whole episodes, seed 0), the trained tool policy on 5-6
+# digit sums, then one results file with accuracy, tool calls and malformed calls per episode per stage. One job at a time, one thread; ~1.5 h on a
 # shared 2-core CPU.
 TOOLS_RUNS ?= runs/smollm2_tools
 smollm2-tools: setup
@@ -163,5 +163,8 @@ smollm2-tools: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_calculator_grpo.toml --out $(TOOLS_RUNS)/tool
 	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_calculator_notool_grpo.toml \
 	  --out $(TOOLS_RUNS)/notool
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl eval $(TOOLS_RUNS)/tool/checkpoints/step_000006 \
+	  --recipe recipes/smollm2_calculator_grpo.toml --set task.options.min_digits=5 --set task.options.max_digits=6 \
+	  --out $(TOOLS_RUNS)/tool_grpo_5_6_digits.json
 	$(PY) benchmarks/smollm2_tools_summary.py --runs $(TOOLS_RUNS) --out $(TOOLS_RUNS)/summary.json \
-	  --commit $$(git rev-parse --short HEAD)
+	  --commit $$(git rev-parse --short HEAD) --extra tool_after_grpo_5_6_digits=$(TOOLS_RUNS)/tool_grpo_5_6_digits.json

@@ -72,6 +72,9 @@ def main() -> None:
     ap.add_argument("--commit", required=True, help="the commit of the code that ran")
     ap.add_argument("--date", default="")
     ap.add_argument("--note", default="")
+    ap.add_argument("--extra", action="append", default=[], metavar="LABEL=FILE",
+                    help="a further `feedbackrl eval` result to include under `extra`, e.g. the GRPO checkpoint "
+                         "on other digit counts")
     a = ap.parse_args()
     a.machine = a.machine or cpu_in_words()
     result = {
@@ -82,6 +85,9 @@ def main() -> None:
         "tool": arm(a.runs, "tool"),
         "no_tool": arm(a.runs, "notool"),
     }
+    for item in a.extra:
+        label, _, path = item.partition("=")
+        result.setdefault("extra", {})[label] = stage(json.loads(Path(path).read_text()))
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     for name in ("tool", "no_tool"):
         for s in ("base", "after_sft", "after_grpo"):
