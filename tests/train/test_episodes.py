@@ -12,10 +12,19 @@ import pytest
 import torch
 from fp32 import assert_logprobs_within_fp32
 
+import feedbackrl.episodes.multi_turn as runner
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
 from feedbackrl.config import RolloutConfig, build_config
 from feedbackrl.envs.calculator import CalculatorAdditionTask
-from feedbackrl.envs.multi_turn import EpisodeLimits, EpisodicTask, Message, StepResult, Turn, render_plain
+from feedbackrl.envs.multi_turn import (
+    EpisodeLimits,
+    EpisodicTask,
+    Message,
+    StepResult,
+    Turn,
+    episode_stats,
+    render_plain,
+)
 from feedbackrl.episodes.kinds import collect
 from feedbackrl.episodes.multi_turn import read_transcripts, run_episodes, write_transcripts
 from feedbackrl.log import MemorySink
@@ -177,3 +186,25 @@ def test_grpo_smoke_on_episodes_writes_transcripts(tokenizer, tmp_path: Path) ->
         row = sink.by_step[step]
         assert row["episode/success_rate"] == sum(r.verdict.passed for s, r in back if s == step) / 4
         assert row["episode/turns_mean"] == sum(r.turns for s, r in back if s == step) / 4
+
+
+def test_malformed_calls_are_counted_per_episode(model, tokenizer, monkeypatch) -> None:
+    """A turn the format reads as a malformed call (`Turn.error`) counts once per turn in `parse_errors`, and
+    `episode/parse_errors_mean` averages them over the episodes."""
+    real = runner.turn_format
+
+    class Malformed:
+        def __init__(self, fmt) -> None:
+            self.fmt, self.name, self.end = fmt, fmt.name, fmt.end
+
+        def __getattr__(self, attr):
+            return getattr(self.fmt, attr)
+
+        def parse(self, content: str, conversation) -> Turn:
+            return Turn(content, error="malformed tool call: test")
+
+    monkeypatch.setattr(runner, "turn_format", lambda tok, task: Malformed(real(tok, task)))
+    task = EchoTask(limits=EpisodeLimits(max_turns=3, turn_tokens=5, max_tokens=200))
+    ep = run_episodes(model, tokenizer, task, _problems(4), generator=torch.Generator().manual_seed(5))
+    assert [r.parse_errors for r in ep.records] == [r.turns for r in ep.records] == [3] * 4
+    assert episode_stats(ep.records)["episode/parse_errors_mean"] == 3.0

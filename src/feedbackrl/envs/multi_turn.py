@@ -152,6 +152,7 @@ class EpisodeRecord:
     end: str = ""
     verdict: Verdict | None = None
     reward: float = 0.0  # the trajectory reward trained on: verdict score minus penalties
+    parse_errors: int = 0  # turns the turn format read as a malformed tool call (`Turn.error`)
 
     @property
     def turns(self) -> int:
@@ -160,17 +161,20 @@ class EpisodeRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"prompt": self.prompt, "messages": self.messages, "turn_rewards": self.turn_rewards,
                 "turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
-                "end": self.end, "verdict": self.verdict.to_dict() if self.verdict else None, "reward": self.reward}
+                "parse_errors": self.parse_errors, "end": self.end,
+                "verdict": self.verdict.to_dict() if self.verdict else None, "reward": self.reward}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeRecord:
         v = d["verdict"]
         return cls(d["prompt"], d["messages"], d["turn_rewards"], d["tool_calls"], d["tool_errors"], d["end"],
-                   Verdict(v["score"], v["passed"], v["reason"], v["details"]) if v else None, d["reward"])
+                   Verdict(v["score"], v["passed"], v["reason"], v["details"]) if v else None, d["reward"],
+                   d.get("parse_errors", 0))
 
 
 def episode_stats(records: Sequence[EpisodeRecord]) -> dict[str, float]:
-    """Success rate, turns and tool calls per episode, tool error rate, and the share of each end kind.
+    """Success rate, turns, tool calls and malformed calls per episode, tool error rate, and the share of each end
+    kind. A malformed call (one the turn format cannot parse) counts as a call and as a tool error too.
 
     Keys are metric names (`episode/...`) for the per-step log line and the eval report.
     """
@@ -183,6 +187,7 @@ def episode_stats(records: Sequence[EpisodeRecord]) -> dict[str, float]:
         "episode/turns_per_success": sum(r.turns for r in wins) / len(wins) if wins else float("nan"),
         "episode/tool_calls_mean": calls / n,
         "episode/tool_error_rate": sum(r.tool_errors for r in records) / calls if calls else 0.0,
+        "episode/parse_errors_mean": sum(r.parse_errors for r in records) / n,
     }
     out.update({f"episode/end/{k}": sum(r.end == k for r in records) / n for k in END_KINDS})
     return out

@@ -122,7 +122,7 @@ def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tas
             env_s += time.perf_counter() - t1
             gen_s += t1 - t0
             active = [i for i, t, end, res in zip(active, turns, closers, results, strict=True)
-                      if _record_turn(records[i], (comp[i], turn_of[i], logps[i]), t.text, end, res, lim.max_tokens,
+                      if _record_turn(records[i], (comp[i], turn_of[i], logps[i]), t, end, res, lim.max_tokens,
                                       tokenizer, fmt)]
         for i in active:
             records[i].end, records[i].verdict = END_OUT_OF_TURNS, fail(f"no answer within {lim.max_turns} turns")
@@ -140,13 +140,14 @@ def run_episodes(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tas
     return Episodes(p_ids, p_mask, c_ids, (token_turn >= 0).long(), token_turn, lp, records, gen_s, env_s)
 
 
-def _record_turn(rec: EpisodeRecord, row: tuple[list[int], list[int], list[float]], text: str, end: str,
+def _record_turn(rec: EpisodeRecord, row: tuple[list[int], list[int], list[float]], turn: Turn, end: str,
                  res: StepResult | Exception, max_tokens: int, tokenizer: PreTrainedTokenizerBase,
                  fmt: TurnFormat) -> bool:
     """Append one turn's outcome to the transcript and the environment's reply tokens to the episode's row
     (token ids, turn index per token, log-prob per token); True if the episode goes on."""
     comp, turn_of, logps = row
-    rec.messages.append({"role": "assistant", "content": text})
+    rec.messages.append({"role": "assistant", "content": turn.text})
+    rec.parse_errors += turn.error is not None
     if isinstance(res, Exception):
         rec.turn_rewards.append(0.0)
         rec.end, rec.verdict = END_ERROR, fail(f"environment raised {type(res).__name__}: {str(res)[:200]}")
