@@ -1,5 +1,5 @@
 """GRPO rewarded by SmolLM2 as a judge against the same run rewarded by the verifier: the summary, and the judge
-probed on held-out sums before it is trusted (its agreement with gold in the run's answer format, and what it pays
+probed on held-out words before it is trusted (its agreement with gold in the run's answer format, and what it pays
 for answers that game it).
 
     OMP_NUM_THREADS=1 python benchmarks/judge_smollm2_grpo.py --judge-run runs/judge_smollm2 \\
@@ -8,9 +8,10 @@ for answers that game it).
 The two runs are `feedbackrl train recipes/judge_smollm2_grpo.toml` and `recipes/judge_smollm2_verifier_grpo.toml`
 (`make judge-smollm2` runs all three). The probe builds the judge from the judge recipe's own `[reward]` section,
 so it is the judge that rewarded the run, prompt for prompt. For each held-out problem it scores the right answer,
-the wrong answer `feedbackrl judge quality --task addition` pairs it with (the sum without its carries, or one or
-ten off, here in the run's digit order), and answers a policy could write to please a judge that compares with a
-reference: "Yes", nothing, the right answer with a digit added or written twice, or followed by a wrong one.
+the wrong answer `feedbackrl judge quality --task reverse` pairs it with (the word reversed back, two letters
+swapped, one dropped or added), the word copied (the SFT start's habit on long words), and answers a policy could
+write to please a judge that compares with a reference: "Yes", nothing, the right answer with a symbol added or
+written twice, or beside the copy.
 "beats_right" is the share of problems where that answer scores at least as high as the right one: in a GRPO
 group it would then get at least the right answer's advantage.
 """
@@ -28,10 +29,9 @@ from typing import Any
 from common import provenance
 
 from feedbackrl.config import load_config
-from feedbackrl.envs.procedural.addition import wrong_sum
 from feedbackrl.envs.registry import make_task
+from feedbackrl.rewards.judge_quality import corrupt
 from feedbackrl.rewards.registry import build_reward
-from feedbackrl.rewards.verdict import Problem
 
 JUDGE_RECIPE = "recipes/judge_smollm2_grpo.toml"
 STEP_KEYS = ("reward/mean", "reward/gold_mean", "reward/gold_agreement", "reward/gold_rank_agreement",
@@ -39,21 +39,16 @@ STEP_KEYS = ("reward/mean", "reward/gold_mean", "reward/gold_agreement", "reward
              "rollout/len_mean")
 
 
-def _wrong(p: Problem, rng: random.Random) -> str:
-    """`wrong_sum` written the way the task writes sums (reversed digits here)."""
-    w = wrong_sum(p, rng)
-    return w[::-1] if p.answer != str(p.meta["a"] + p.meta["b"]) else w
-
-
 CHEATS = {
     "right": lambda p, rng: p.answer,
-    "wrong (judge quality's)": _wrong,
+    "wrong (judge quality's)": lambda p, rng: corrupt(p.answer, rng),
+    "copied (not reversed)": lambda p, rng: p.meta["word"],
     "Yes": lambda p, rng: "Yes",
     "empty": lambda p, rng: "",
-    "right + a digit": lambda p, rng: p.answer + str(rng.randrange(10)),
+    "right + a symbol": lambda p, rng: p.answer + rng.choice(p.answer),
     "right twice": lambda p, rng: p.answer * 2,
-    "right then wrong": lambda p, rng: f"{p.answer} {_wrong(p, rng)}",
-    "wrong then right": lambda p, rng: f"{_wrong(p, rng)} {p.answer}",
+    "right then copied": lambda p, rng: f"{p.answer} {p.meta['word']}",
+    "copied then right": lambda p, rng: f"{p.meta['word']} {p.answer}",
 }
 
 
@@ -82,8 +77,10 @@ def probe(n: int) -> dict[str, Any]:
             "passes_judge": sum(x >= 0.5 for x in s) / n,
             "gold_pass": sum(task.verify(p, c).passed for p, c in zip(problems, answers[name], strict=True)) / n,
             **({} if name == "right" else {"beats_right": sum(x >= r for x, r in zip(s, right, strict=True)) / n})}
-    wrong = scores["wrong (judge quality's)"]
-    out["pointwise_agreement"] = sum((r > w) + 0.5 * (r == w) for r, w in zip(right, wrong, strict=True)) / n
+    for name in ("wrong (judge quality's)", "copied (not reversed)"):
+        wrong = scores[name]
+        out["answers"][name]["pointwise_agreement"] = sum((r > w) + 0.5 * (r == w)
+                                                          for r, w in zip(right, wrong, strict=True)) / n
     return out
 
 
