@@ -5,6 +5,8 @@ for answers that game it).
     OMP_NUM_THREADS=1 python benchmarks/judge_smollm2_grpo.py --judge-run runs/judge_smollm2 \\
         --verifier-run runs/judge_smollm2_verifier --results benchmarks/results/judge_smollm2_grpo.json
 
+(several seeds: one --judge-run and one --verifier-run per seed, in the same order).
+
 The two runs are `feedbackrl train recipes/judge_smollm2_grpo.toml` and `recipes/judge_smollm2_verifier_grpo.toml`
 (`make judge-smollm2` runs all three). The probe builds the judge from the judge recipe's own `[reward]` section,
 so it is the judge that rewarded the run, prompt for prompt. For each held-out problem it scores the right answer,
@@ -34,9 +36,9 @@ from feedbackrl.rewards.judge_quality import corrupt
 from feedbackrl.rewards.registry import build_reward
 
 JUDGE_RECIPE = "recipes/judge_smollm2_grpo.toml"
-STEP_KEYS = ("reward/mean", "reward/gold_mean", "reward/gold_agreement", "reward/gold_rank_agreement",
-             "reward/gold_rank_pairs", "judge/calls", "judge/cache_hits", "judge/seconds", "perf/score_s", "kl/mean",
-             "rollout/len_mean")
+STEP_KEYS = ("reward/mean", "reward/gold_mean", "reward/gold_pass_rate", "reward/gold_agreement",
+             "reward/gold_rank_agreement", "reward/gold_rank_pairs", "judge/calls", "judge/cache_hits", "judge/seconds",
+             "perf/score_s", "kl/mean", "rollout/len_mean")
 
 
 CHEATS = {
@@ -116,8 +118,10 @@ def read_run(run: Path) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--judge-run", type=Path, help="without both runs: only the probe")
-    ap.add_argument("--verifier-run", type=Path)
+    ap.add_argument("--judge-run", type=Path, nargs="*", default=[], help="runs of the judge recipe (one per seed); "
+                    "none: only the probe")
+    ap.add_argument("--verifier-run", type=Path, nargs="*", default=[], help="the verifier twin's runs, same seeds "
+                    "in the same order")
     ap.add_argument("--probe-problems", type=int, default=40)
     ap.add_argument("--results", type=Path, default=Path("benchmarks/results/judge_smollm2_grpo.json"))
     ap.add_argument("--runs-commit", default="", help="the commit the two runs were made at, when not this one")
@@ -127,16 +131,21 @@ def main() -> None:
     torch.set_num_threads(1)
     result: dict[str, Any] = {"provenance": provenance(), "runs_commit": args.runs_commit or None,
                               "recipes": [JUDGE_RECIPE, "recipes/judge_smollm2_verifier_grpo.toml"]}
-    runs = {"judge_run": args.judge_run, "verifier_run": args.verifier_run}
-    if all(runs.values()):
-        result.update({name: read_run(path) for name, path in runs.items()})
-    elif any(runs.values()):
-        raise SystemExit("give both --judge-run and --verifier-run, or neither (the probe alone)")
+    if len(args.judge_run) != len(args.verifier_run):
+        raise SystemExit("give one --verifier-run per --judge-run (the same seeds, in the same order)")
+    result["seeds"] = []
+    for judge_run, verifier_run in zip(args.judge_run, args.verifier_run, strict=True):
+        seeds = {json.loads((run / "config.json").read_text())["train"]["seed"] for run in (judge_run, verifier_run)}
+        if len(seeds) != 1:
+            raise SystemExit(f"{judge_run} and {verifier_run} ran different seeds: {sorted(seeds)}")
+        result["seeds"].append({"seed": seeds.pop(), "judge_run": read_run(judge_run),
+                                "verifier_run": read_run(verifier_run)})
     result["probe"] = probe(args.probe_problems)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2))
-    brief = {name: {m: result[name][m] for m in ("heldout_greedy_accuracy_before", "heldout_greedy_accuracy_after")}
-             for name in runs if name in result}
+    brief = [{"seed": r["seed"], **{name: {m: r[name][m] for m in ("heldout_greedy_accuracy_before",
+                                                                     "heldout_greedy_accuracy_after")}
+                                     for name in ("judge_run", "verifier_run")}} for r in result["seeds"]]
     print(json.dumps({"summary": brief, "probe": result["probe"]}, indent=2))
 
 

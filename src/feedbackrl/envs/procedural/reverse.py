@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
-
 SYMBOLS = {"letters": "abcdefghijklmnopqrstuvwxyz", "digits": "0123456789"}
 
 
