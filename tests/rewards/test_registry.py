@@ -158,6 +158,7 @@ def model_dirs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
             rm.head.weight.normal_(0, 0.02)
         rm.calibration = Calibration(0.0, 1.0)
         dirs[kind] = save_reward_model(rm, load_tokenizer(str(tiny_model_dir)), tmp_path_factory.mktemp(kind) / kind)
+    dirs["tiny"] = tiny_model_dir
     return dirs
 
 
@@ -169,7 +170,8 @@ def leaf_node(name: str, dirs: dict[str, Path]) -> dict[str, Any]:
              "gate": {"gate": {"source": "task"}, "reward": {"source": "task"}},
              "value_weighted": {"reward": {"source": "task"}, "default_value": 0.5},
              # nothing listens on port 9: the judge answers "unavailable" verdicts (its own tests use a live server)
-             "judge": {"judge_model": "m", "base_url": "http://127.0.0.1:9/v1", "criteria": {"right": "is it right"}}}
+             "judge": {"judge_model": "m", "base_url": "http://127.0.0.1:9/v1", "criteria": {"right": "is it right"}},
+             "judge_logprob": {"local_model": str(dirs["tiny"]), "criterion": "is it right"}}
     return {"source": name, **nodes.get(name, example_params(name) if name in CHECKERS else {})}
 
 

@@ -24,12 +24,20 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from feedbackrl.rewards.judge_backends import CachedChat, ChoiceScorer, JudgeUnavailable, Messages
+from feedbackrl.rewards.judge_backends import (
+    CachedChat,
+    ChoiceScorer,
+    JudgeUnavailable,
+    Messages,
+    choice_logprobs_batch,
+)
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
 
 
@@ -249,6 +257,10 @@ class LogprobPointwiseJudge:
     score = P(Yes) / (P(Yes) + P(No)) = sigmoid(log P(Yes) - log P(No)), passing at >= `pass_score`. The
     model's probability of any other reply is left out, so a model that would rather write prose still gives
     a reading. Deterministic, so asking twice gives the same score.
+
+    The two log-probs are cached by (judge, messages): a GRPO group repeats completions, and a repeated one
+    costs no forward pass. `verify_batch` scores the batch's distinct uncached prompts `batch_size` at a time;
+    `pop_metrics` gives the per-step counters (`judge/calls`, `judge/cache_hits`, `judge/seconds`).
     """
 
     scorer: ChoiceScorer
@@ -257,22 +269,57 @@ class LogprobPointwiseJudge:
     reference: bool = False
     pass_score: float = 0.5
     choices: tuple[str, str] = ("Yes", "No")
+    batch_size: int = 16
+    cache: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._stats = {"calls": 0, "cache_hits": 0, "seconds": 0.0}
+        self._lock = threading.Lock()  # judge_quality asks from several threads
 
     def messages(self, problem: Problem, completion: str) -> Messages:
         return [{"role": "system", "content": LOGPROB_POINT_SYSTEM.format(task=self.task, criterion=self.criterion)},
                 {"role": "user", "content": _user(problem, self.reference, response=completion)}]
 
-    def __call__(self, problem: Problem, completion: str) -> Verdict:
-        yes, no = self.scorer.choice_logprobs(self.messages(problem, completion), self.choices)
+    def _key(self, messages: Messages) -> str:
+        return json.dumps([self.scorer.name, list(self.choices), messages], sort_keys=True)
+
+    def _verdict(self, yes: float, no: float) -> Verdict:
         score = 1.0 / (1.0 + math.exp(no - yes))
         return Verdict(score, score >= self.pass_score, f"log P({self.choices[0]}) - log P({self.choices[1]}) = "
                        f"{yes - no:.3f}", {"judge": self.scorer.name, "logprob_yes": yes, "logprob_no": no})
 
+    def __call__(self, problem: Problem, completion: str) -> Verdict:
+        return self.verify_batch([problem], [completion])[0]
+
     def verify_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
-        return [self(p, c) for p, c in zip(problems, completions, strict=True)]
+        """One verdict per completion, in order; each distinct prompt the cache lacks is scored once."""
+        keys, todo = [], {}
+        for p, c in zip(problems, completions, strict=True):
+            msgs = self.messages(p, c)
+            k = self._key(msgs)
+            keys.append(k)
+            if k not in self.cache:
+                todo.setdefault(k, msgs)
+        t0 = time.perf_counter()
+        if todo:
+            scored = choice_logprobs_batch(self.scorer, list(todo.values()), self.choices, self.batch_size)
+            for k, (yes, no) in zip(todo, scored, strict=True):
+                self.cache[k] = (yes, no)
+        with self._lock:
+            self._stats["calls"] += len(todo)
+            self._stats["cache_hits"] += len(keys) - len(todo)
+            self._stats["seconds"] += time.perf_counter() - t0
+        return [self._verdict(*self.cache[k]) for k in keys]
 
     def clear_cache(self) -> None:
-        """Nothing is cached: every call runs the model."""
+        """Forget the cached log-probs, so the next calls run the model again."""
+        self.cache.clear()
+
+    def pop_metrics(self) -> dict[str, float]:
+        """`judge/calls` (prompts the model scored), `judge/cache_hits`, `judge/seconds` since the last call."""
+        with self._lock:
+            stats, self._stats = self._stats, {"calls": 0, "cache_hits": 0, "seconds": 0.0}
+        return {f"judge/{k}": v for k, v in stats.items()}
 
 
 @dataclass
@@ -357,4 +404,50 @@ def judge_source(ctx: Any, *, judge_model: str, criteria: dict[str, str], base_u
     weights = weights or {}
     rubric = Rubric(tuple(Criterion(n, float(weights.get(n, 1.0)), d) for n, d in criteria.items()), low, high)
     chat = CachedChat(OpenAIChat(judge_model, base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s))
-    return PointwiseJudge(chat, rubric, reference=reference, concurrency=concurrency).verify_batch
+    return BatchJudge(PointwiseJudge(chat, rubric, reference=reference, concurrency=concurrency).verify_batch,
+                      chat.pop_metrics)
+
+
+@dataclass(frozen=True)
+class BatchJudge:
+    """A judge as a recipe's batch reward: `(problems, completions) -> verdicts`, and `pop_metrics()`, its
+    per-step `judge/*` counters, which the training loop logs beside the reward (`train/prefs.py:gold_scorer`)."""
+
+    score: Callable[[Sequence[Problem], Sequence[str]], list[Verdict]]
+    pop_metrics: Callable[[], dict[str, Any]]
+
+    def __call__(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
+        return self.score(problems, completions)
+
+
+def check_judge_logprob(path: str, *, local_model: str, criterion: str, task: str = "Judge the response to the task.",
+                        reference: bool = False, pass_score: float = 0.5, batch_size: int = 16) -> None:
+    """The `judge_logprob` options, checked before any model is loaded."""
+    if not local_model.strip():
+        raise ValueError("local_model: needs a model directory, a .gguf file or a packaged model name ('smollm2')")
+    if not criterion.strip():
+        raise ValueError("criterion: needs the text the judge answers Yes or No to, e.g. 'the response is the "
+                         "correct sum of the two numbers in the task'")
+    if not task.strip():
+        raise ValueError("task: must not be empty (the judge's one-line description of the task)")
+    if not 0.0 < pass_score < 1.0:
+        raise ValueError(f"pass_score: must be in (0, 1) (a score is P(Yes) / (P(Yes) + P(No))), got {pass_score}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+
+
+def judge_logprob_source(ctx: Any, *, local_model: str, criterion: str, task: str = "Judge the response to the task.",
+                         reference: bool = False, pass_score: float = 0.5, batch_size: int = 16) -> BatchJudge:
+    """The `judge_logprob` entry of the reward registry: a local model judging each completion pointwise from its
+    log-probs of "Yes" and "No" (`LogprobPointwiseJudge` on `HFChoiceLogprobs`), score P(Yes) / (P(Yes) + P(No)).
+
+    `reference = true` shows the judge the problem's gold answer (reference-guided judging; the setting in which
+    SmolLM2-135M's reading is useful on sums, docs/real_models.md). Cached and batched.
+    """
+    from feedbackrl.rewards.judge_backends import HFChoiceLogprobs
+
+    check_judge_logprob(ctx.path, local_model=local_model, criterion=criterion, task=task, reference=reference,
+                        pass_score=pass_score, batch_size=batch_size)
+    judge = LogprobPointwiseJudge(HFChoiceLogprobs(local_model), criterion, task=task, reference=reference,
+                                  pass_score=pass_score, batch_size=batch_size)
+    return BatchJudge(judge.verify_batch, judge.pop_metrics)

@@ -189,6 +189,16 @@ class ChoiceScorer(Protocol):
     def choice_logprobs(self, messages: Messages, choices: Sequence[str]) -> list[float]: ...
 
 
+def choice_logprobs_batch(scorer: ChoiceScorer, conversations: Sequence[Messages], choices: Sequence[str],
+                          batch_size: int = 16) -> list[list[float]]:
+    """`scorer.choice_logprobs` for many conversations: in batches of `batch_size` when the scorer has a batched
+    path (`HFChoiceLogprobs`), one by one otherwise."""
+    batched = getattr(scorer, "choice_logprobs_batch", None)
+    if batched is not None:
+        return batched(conversations, choices, batch_size)
+    return [scorer.choice_logprobs(m, choices) for m in conversations]
+
+
 @dataclass
 class HFChoiceLogprobs:
     """A local Hugging Face causal LM scoring each choice as the reply to `messages`: the sum of the choice's token
@@ -233,3 +243,37 @@ class HFChoiceLogprobs:
                 lp = torch.log_softmax(logits, dim=-1)
                 out.append(float(lp[torch.arange(len(c)), torch.tensor(c)].sum()))
             return out
+
+    def choice_logprobs_batch(self, conversations: Sequence[Messages], choices: Sequence[str],
+                              batch_size: int = 16) -> list[list[float]]:
+        """`choice_logprobs` of each conversation, `batch_size` prompts per forward pass when every choice is one
+        token: the prompts are padded on the right, so each one's last token sees only itself (causal attention),
+        and the next-token log-softmax is read at that token. Equal to one-by-one within float32 rounding."""
+        import torch
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        ids = [list(self._tok(c, add_special_tokens=False)["input_ids"]) for c in choices]
+        if not all(len(c) == 1 for c in ids):
+            return [self.choice_logprobs(m, choices) for m in conversations]
+        prompts = [self.prompt_ids(m) for m in conversations]
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths pad less
+        pad = self._tok.pad_token_id if self._tok.pad_token_id is not None else 0
+        want = torch.tensor([c[0] for c in ids])
+        out: list[list[float]] = [[] for _ in prompts]
+        with self._lock, torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                lens = torch.tensor([len(prompts[i]) for i in rows])
+                width = int(lens.max())
+                x = torch.full((len(rows), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(rows), width), dtype=torch.long)
+                for r, i in enumerate(rows):
+                    x[r, : len(prompts[i])] = torch.tensor(prompts[i])
+                    mask[r, : len(prompts[i])] = 1
+                hidden = self._model.base_model(input_ids=x, attention_mask=mask).last_hidden_state
+                last = hidden[torch.arange(len(rows)), lens - 1]  # the head on one position per prompt, not all
+                lp = torch.log_softmax(self._model.get_output_embeddings()(last).float(), dim=-1)
+                for r, i in enumerate(rows):
+                    out[i] = [float(v) for v in lp[r, want]]
+        return out

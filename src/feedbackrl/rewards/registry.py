@@ -18,7 +18,9 @@ field path and what is allowed, before any model is loaded. `build_reward` then 
 (loading reward models, probing the code sandbox); errors there name the path too.
 
 Every source is scored a batch at a time (`BatchReward`): the code sandbox runs tests in parallel and
-a learned reward model scores many completions per forward pass. Per-completion sources (math,
+a learned reward model scores many completions per forward pass. A source may also have `pop_metrics()`
+(the judges: `judge/calls`, `judge/cache_hits`, ...), which the training loop logs once per step when it is the recipe's
+[reward] source itself (not a composite's part). Per-completion sources (math,
 format, instruction checks) are applied one by one. Composites use `combine.py` on each completion,
 so a composed verdict keeps every part's evidence under `details["parts"]`; a gate runs its reward
 only on the completions that passed it.
@@ -43,7 +45,7 @@ from feedbackrl.config import ConfigError
 from feedbackrl.rewards import instructions
 from feedbackrl.rewards.combine import Gate, ValueWeighted, WeightedSum
 from feedbackrl.rewards.format import RegexFormat, TagFormat
-from feedbackrl.rewards.judge import judge_source
+from feedbackrl.rewards.judge import check_judge_logprob, judge_logprob_source, judge_source
 from feedbackrl.rewards.python_fn import Signature, TRLFormat, python_reward
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict
 
@@ -280,6 +282,9 @@ REWARDS: dict[str, Source] = {
     "learned": Source(_learned, "a reward model directory written by a reward_model run"),
     "cost": Source(_cost, "a cost model directory; score = 1 - calibrated cost, passes when predicted safe"),
     "judge": Source(judge_source, "an LLM judge on an OpenAI-compatible endpoint scoring a weighted rubric"),
+    "judge_logprob": Source(judge_logprob_source, "a local model (dir, .gguf or 'smollm2') judging each completion "
+                            "from its log-probs of Yes / No to a criterion; score P(Yes) / (P(Yes) + P(No)), "
+                            "cached", check_judge_logprob),
     "python": Source(_python, "your own function: function = 'package.module:name' or 'file.py:name' (sync or "
                      "async; signature completion, batch or trl)", _check_python),
     "secret_leak": Source(_secret_leak, "a cost: 1 when problem.meta[key] (the task's secret) appears in the "

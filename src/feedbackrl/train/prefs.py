@@ -4,7 +4,8 @@
   labeller (hidden gold score, Bradley-Terry noise; `data/labeller.py`), or read from `prefs.path`,
   or a labelling project's pairs (`prefs.db` + `prefs.project`).
 - `gold_scorer`: the recipe's training reward plus the gold score of the same completions as
-  metrics (`reward/gold_mean`), which is how over-optimisation of a proxy shows.
+  metrics (`reward/gold_mean`, and `gold_agreement`: how often the reward agrees with gold), which is
+  how over-optimisation of a proxy shows.
 - `gold_comparison`: the trained policy against the policy it started from, judged by the gold
   score. Training never sees the gold score.
 """
@@ -131,15 +132,20 @@ def gold_scorer(reward: BatchReward, gold: GoldScore | None, cost: BatchReward |
     verdict as named signals (`details["signals"]`, read by `episodes/single_turn.py:score_rollout` into
     `Batch.signals`), the cost's own verdict as evidence under `details["cost"]`."""
 
+    pop_metrics = getattr(reward, "pop_metrics", None)  # a judge's per-step counters (rewards/judge.py: BatchJudge)
+
     def score(problems: Sequence[Problem], texts: Sequence[str]) -> tuple[list[Verdict], dict[str, float]]:
         verdicts = reward(problems, texts)
         extra = part_metrics(verdicts)
+        if pop_metrics is not None:
+            extra.update(pop_metrics())
         signals: dict[str, list[float]] = {}
         if gold is not None:
             golds = [gold(p, t) for p, t in zip(problems, texts, strict=True)]
             signals["gold"] = golds
             extra.update({"reward/gold_mean": sum(golds) / len(golds),
-                          "reward/gold_pass_rate": golds.count(1.0) / len(golds)})
+                          "reward/gold_pass_rate": golds.count(1.0) / len(golds),
+                          **gold_agreement(problems, verdicts, golds)})
             raw = [v.details["raw"] for v in verdicts if "raw" in v.details]
             if len(raw) == len(verdicts):  # a learned reward model's uncalibrated score
                 extra["reward/raw_mean"] = sum(raw) / len(raw)
@@ -159,6 +165,33 @@ def gold_scorer(reward: BatchReward, gold: GoldScore | None, cost: BatchReward |
         return verdicts, extra
 
     return score
+
+
+def gold_agreement(problems: Sequence[Problem], verdicts: Sequence[Verdict],
+                   golds: Sequence[float]) -> dict[str, float]:
+    """How far the training reward agrees with gold on one step's completions.
+
+    `reward/gold_agreement`: the share of completions whose verdict passes exactly when gold passes (gold 1.0).
+    `reward/gold_rank_agreement`: over pairs of completions of the same prompt with different gold, the share the
+    reward orders as gold does (equal reward counts one half) -- what a group-relative advantage reads;
+    `reward/gold_rank_pairs`: how many such pairs (0: the metric is left out).
+    """
+    out = {"reward/gold_agreement": sum(v.passed == (g == 1.0) for v, g in zip(verdicts, golds, strict=True))
+           / len(golds)}
+    by_prompt: dict[str, list[tuple[float, float]]] = {}
+    for p, v, g in zip(problems, verdicts, golds, strict=True):
+        by_prompt.setdefault(p.prompt, []).append((float(v.score), g))
+    agree, pairs = 0.0, 0
+    for rows in by_prompt.values():
+        for i, (ri, gi) in enumerate(rows):
+            for rj, gj in rows[i + 1 :]:
+                if gi != gj:
+                    pairs += 1
+                    agree += 0.5 if ri == rj else float((ri > rj) == (gi > gj))
+    out["reward/gold_rank_pairs"] = float(pairs)
+    if pairs:
+        out["reward/gold_rank_agreement"] = agree / pairs
+    return out
 
 
 def _win_rate(a: list[float], b: list[float]) -> float:

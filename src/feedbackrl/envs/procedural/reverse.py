@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from feedbackrl.envs.base import Task
 from feedbackrl.rewards.verdict import Problem, Verdict, fail
 
+SYMBOLS = {"letters": "abcdefghijklmnopqrstuvwxyz", "digits": "0123456789"}
+
 
 def _is_heldout(word: str) -> bool:
     return zlib.crc32(word.encode()) % 10 == 0
@@ -30,25 +32,31 @@ def _is_heldout(word: str) -> bool:
 
 @dataclass
 class ReverseTask(Task):
-    """Words of `min_len`..`max_len` letters drawn from the first `alphabet_size` lowercase letters."""
+    """Words of `min_len`..`max_len` symbols drawn from the first `alphabet_size` lowercase letters, or with
+    `symbols = "digits"` the first `alphabet_size` digits ("0".."9"; strings such as "40721", which tokenizers
+    that split numbers into digits, e.g. SmolLM2's, see one token per symbol)."""
 
     min_len: int = 3
     max_len: int = 7
     alphabet_size: int = 10
     demo_noise: float = 0.0
     sloppy_from: int = 5
+    symbols: str = "letters"
     name: str = "reverse"
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_len <= self.max_len <= 32:
             raise ValueError(f"reverse: need 1 <= min_len <= max_len <= 32, got {self.min_len}, {self.max_len}")
-        if not 2 <= self.alphabet_size <= 26:
-            raise ValueError(f"reverse.alphabet_size must be in [2, 26], got {self.alphabet_size}")
+        if self.symbols not in SYMBOLS:
+            raise ValueError(f"reverse.symbols must be one of {sorted(SYMBOLS)}, got {self.symbols!r}")
+        if not 2 <= self.alphabet_size <= len(SYMBOLS[self.symbols]):
+            raise ValueError(f"reverse.alphabet_size must be in [2, {len(SYMBOLS[self.symbols])}] with symbols = "
+                             f"{self.symbols!r}, got {self.alphabet_size}")
         if not 0.0 <= self.demo_noise <= 1.0:
             raise ValueError(f"reverse.demo_noise must be in [0, 1], got {self.demo_noise}")
 
     def _word(self, rng: random.Random) -> str:
-        letters = "abcdefghijklmnopqrstuvwxyz"[: self.alphabet_size]
+        letters = SYMBOLS[self.symbols][: self.alphabet_size]
         return "".join(rng.choice(letters) for _ in range(rng.randint(self.min_len, self.max_len)))
 
     @staticmethod
