@@ -1,11 +1,11 @@
 """Bf16 rollout weights: the fast decoder's matmuls on bfloat16 weights and activations (CPUs with bf16 instructions).
 
 `rollout.weights = "bf16"` (`generate(..., weights="bf16")`): every matmul of `_LlamaDecoder` (q/k/v, o, gate/up,
-down, the LM head) takes its weight rounded once per call of `generate` to bfloat16 (the RMSNorm weight folded in
-first, as in float32: bf16 rounds each element relative to itself, so folding costs nothing) and its activation
-rounded to bfloat16 at every matmul; the products accumulate in float32 inside oneDNN's kernel (AMX tiles or
-AVX-512 BF16 dot products) and the output is rounded to bfloat16 before it joins the float32 residual stream.
-Attention, the KV cache, the norms, softmax and sampling stay float32.
+down, the LM head) takes its weight rounded to bfloat16 once per weight version (kept across calls of `generate`
+until the weights change; the RMSNorm weight folded in first, as in float32: bf16 rounds each element relative to
+itself, so folding costs nothing) and its activation rounded to bfloat16 at every matmul; the products accumulate in
+float32 inside oneDNN's kernel (AMX tiles or AVX-512 BF16 dot products) and the output is rounded to bfloat16 before
+it joins the float32 residual stream. Attention, the KV cache, the norms, softmax and sampling stay float32.
 
 Each rounding is relative, at most u = 2^-8 of the value (bf16 keeps 8 significant bits), so one matmul's output
 is off by at most (2u + u^2) sum_j |y_j w_j| (its inputs) plus u |y w| (its output) plus float32 accumulation:

@@ -1,11 +1,11 @@
 """Int8 rollout weights: the fast decoder's matmuls on int8 weights and int8 activations (CPU only).
 
-`rollout.weights = "int8"` (`generate(..., weights="int8")`): every matmul of `_LlamaDecoder` (q/k/v, o,
-gate/up, down, the LM head) runs as PyTorch's dynamically quantised linear
-(`torch.ops.quantized.linear_dynamic`, fbgemm or oneDNN underneath): the weight quantised once per call of
-`generate` to int8 per output channel (symmetric, scale = max |w| / 127 per row, applied to the kernel's
-output columns), each activation quantised per row to 8 bits at every matmul (7 without VNNI), int32
-accumulation, float32 out. Attention, the KV cache, the norms, softmax and sampling stay float32.
+`rollout.weights = "int8"` (`generate(..., weights="int8")`): every matmul of `_LlamaDecoder` (q/k/v, o, gate/up,
+down, the LM head) runs as PyTorch's dynamically quantised linear (`torch.ops.quantized.linear_dynamic`, fbgemm or
+oneDNN underneath): the weight quantised to int8 per output channel (symmetric, scale = max |w| / 127 per row,
+applied to the kernel's output columns) once per weight version (`generate._prepared` keeps the packed weights
+across calls until the weights change), each activation quantised per row to 8 bits at every matmul (7 without
+VNNI), int32 accumulation, float32 out. Attention, the KV cache, the norms, softmax and sampling stay float32.
 
 What it costs in accuracy is measured, not assumed: the sampled tokens' log-probs under the int8 decoder
 differ from float32 scoring of the same tokens (docs/performance.md, "Int8 rollout weights"). The
