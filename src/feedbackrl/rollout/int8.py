@@ -23,13 +23,21 @@ still run, with one warning per process. A move to torchao's int8 kernels would 
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
+# FBGEMM_ENABLE_INSTRUCTIONS values that cap fbgemm's kernels below AVX-512 VNNI (its names for VNNI end in E1)
+FBGEMM_NO_VNNI = frozenset({"AVX2", "AVX512", "AVX512_256"})
+
 
 def reduce_range() -> bool:
-    """7-bit activations where the CPU lacks VNNI (int16 intermediate sums could saturate), else 8 bits."""
-    return not torch.cpu._is_vnni_supported()
+    """7-bit activations where the int8 kernels run without VNNI (int16 intermediate sums could saturate), else 8
+    bits: where the CPU lacks VNNI, or where `FBGEMM_ENABLE_INSTRUCTIONS` keeps fbgemm from it (an emulated
+    narrower CPU: the AVX2 kernel saturates on 8-bit activations whatever the CPU has)."""
+    capped = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").strip().upper() in FBGEMM_NO_VNNI
+    return capped or not torch.cpu._is_vnni_supported()
 
 
 OUTLIER_CHANNELS = 16  # input channels per matmul kept in float32, picked per call by the activation's magnitude
