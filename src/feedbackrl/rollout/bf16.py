@@ -1,9 +1,10 @@
 """Bf16 rollout weights: the fast decoder's matmuls on bfloat16 weights and activations (CPUs with bf16 instructions).
 
 `rollout.weights = "bf16"` (`generate(..., weights="bf16")`): every matmul of `_LlamaDecoder` (q/k/v, o, gate/up,
-down, the LM head) takes its weight rounded to bfloat16 once per weight version (kept across calls of `generate`
-until the weights change; the RMSNorm weight folded in first, as in float32: bf16 rounds each element relative to
-itself, so folding costs nothing) and its activation rounded to bfloat16 at every matmul; the products accumulate in
+down, the LM head) takes its weight rounded to bfloat16 once per call of `generate` (the RMSNorm weight folded in
+first, as in float32: bf16 rounds each element relative to itself, so folding costs nothing; the cast is cheaper
+than checking that a kept copy is current, so it is not kept across calls) and its activation rounded to bfloat16
+at every matmul; the products accumulate in
 float32 inside oneDNN's kernel (AMX tiles or AVX-512 BF16 dot products) and the output is rounded to bfloat16 before
 it joins the float32 residual stream. Attention, the KV cache, the norms, softmax and sampling stay float32.
 

@@ -205,8 +205,10 @@ ROLLOUT_WEIGHTS: dict[str, Callable[[], _Matmuls]] = {"fp32": _Fp32Matmuls, "int
                                                       "bf16": _Bf16Matmuls}
 
 
-# rollout weights whose prepared copies (`_prepared`) outlive a call of `generate`
-CACHED_WEIGHTS = ("int8", "bf16")
+# rollout weights whose prepared copies (`_prepared`) outlive a call of `generate`: int8 only. Measured on
+# SmolLM2-135M (docs/performance.md): preparing int8 weights takes ~2.8 s, the check that kept ones are current
+# ~0.34 s; a bf16 cast takes ~0.13 s, less than the check, and keeping it would hold half the model in memory.
+CACHED_WEIGHTS = ("int8",)
 _optimizer_steps = 0  # optimizer steps taken in this process, by any optimizer
 
 
@@ -246,8 +248,7 @@ def _prepared(model: nn.Module, weights: str, build: Callable[[], tuple]) -> tup
 
     Rollouts follow training steps: after each optimizer step the first call rebuilds (once), and every
     further call until the next step (sampling in chunks, evaluation) reuses that build. Memory: the copies
-    stay alive between calls (int8: int8 weights plus the float32 rows of the outlier channels; bf16: half
-    the float32 model)."""
+    stay alive between calls (int8: its int8 weights plus the float32 weights the outlier channels read)."""
     meta, hashes = _weights_key(model)
     kept = _PREPARED.setdefault(model, {}).get(weights)
     if kept is not None and kept[0] == meta and torch.equal(kept[1], hashes):
@@ -318,7 +319,7 @@ class _LlamaDecoder:
                                                           mlp.up_proj), *plain(mlp.down_proj)))
             return layers, *folded(inner.norm.weight, model.get_output_embeddings())
 
-        # float32 copies are rebuilt every call; int8 and bf16 ones are kept until the weights change
+        # float32 and bf16 copies are rebuilt every call; int8 ones are kept until the weights change
         self.layers, self.lm_head, self.lm_bias = (_prepared(model, weights, build) if weights in CACHED_WEIGHTS
                                                    else build())
         total = p + max_new_tokens
