@@ -167,7 +167,8 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="also time our generate with bf16 rollout weights")
     ap.add_argument("--repacked", action="store_true",
                     help="also time the int8 / bf16 sides with their weights prepared again in every call (the "
-                         "first call after an optimizer step); the plain sides reuse them across calls")
+                         "first call after an optimizer step); the plain sides reuse kept ones where `generate` "
+                         "keeps them (int8)")
     ap.add_argument("--warmup-tokens", type=int, default=None,
                     help="new tokens of the one warm-up call per side (default: --new-tokens)")
     ap.add_argument("--out", type=Path, default=None, help="write the result JSON here, with provenance")

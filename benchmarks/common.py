@@ -52,8 +52,9 @@ def cpu_isa() -> list[str]:
     return []
 
 
-# settings that narrow the vector paths of PyTorch and its libraries (an emulated, narrower CPU)
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
+# settings that narrow the vector paths of PyTorch, its libraries and our C kernel (an emulated, narrower CPU)
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS",
+              "FEEDBACKRL_NATIVE_MARCH")
 
 
 def isa_limits() -> dict[str, str]:

@@ -206,8 +206,8 @@ ROLLOUT_WEIGHTS: dict[str, Callable[[], _Matmuls]] = {"fp32": _Fp32Matmuls, "int
 
 
 # rollout weights whose prepared copies (`_prepared`) outlive a call of `generate`: int8 only. Measured on
-# SmolLM2-135M (docs/performance.md): preparing int8 weights takes ~2.8 s, the check that kept ones are current
-# ~0.34 s; a bf16 cast takes ~0.13 s, less than the check, and keeping it would hold half the model in memory.
+# SmolLM2-135M (docs/performance.md): preparing int8 weights takes ~3 s, the check that kept ones are current
+# 0.2-0.3 s; a bf16 cast 0.1-0.4 s, about the check's cost, and keeping it would hold half the model in memory.
 CACHED_WEIGHTS = ("int8",)
 _optimizer_steps = 0  # optimizer steps taken in this process, by any optimizer
 
