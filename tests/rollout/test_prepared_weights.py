@@ -20,7 +20,7 @@ KINDS = ["int8"]  # the weights `generate` keeps across calls (`CACHED_WEIGHTS`)
 
 @pytest.fixture
 def model(peaked_lm):
-    return copy.deepcopy(peaked_lm)  # the session's model stays untouched
+    return copy.deepcopy(peaked_lm)  # the shared fixture stays untouched
 
 
 @pytest.fixture
