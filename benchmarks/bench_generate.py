@@ -19,6 +19,7 @@ capability; `--out` writes the result with its provenance (commit, machine, inst
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -29,10 +30,10 @@ from pathlib import Path
 import torch
 from common import (
     RESULT_TAG,
-    cpu_isa,
     emit,
     flops_per_token,
     gen_prompts,
+    isa_label,
     load_average,
     peak_rss_mib,
     provenance,
@@ -77,6 +78,7 @@ def _timed(fn: Callable[[], int]) -> float:
 def run_generate(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    from feedbackrl.rollout import generate as gen_mod
     from feedbackrl.rollout.generate import generate
 
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -98,12 +100,23 @@ def run_generate(args: argparse.Namespace) -> dict:
         assert int(ro.completion_mask.sum()) == args.batch * new
         return args.batch * new
 
+    def repacked(weights: str) -> int:  # as after an optimizer step: the weights prepared again in this call
+        gen_mod._PREPARED.pop(model, None)
+        return ours(weights)
+
     fns = {"hf": hf, "feedbackrl": ours}
     reduced = [w for w in ("int8", "bf16") if getattr(args, w)]
     for w in reduced:
         fns[f"feedbackrl_{w}"] = lambda w=w: ours(w)
-    for fn in fns.values():  # warm-up
-        fn()
+        if args.repacked:
+            fns[f"feedbackrl_{w}_repacked"] = lambda w=w: repacked(w)
+    warm = args.new_tokens if args.warmup_tokens is None else args.warmup_tokens
+    generate(model, tok, prompts, warm, generator=gen, min_new_tokens=warm)  # warm-up, every side
+    warm_gc = copy.deepcopy(gc)
+    warm_gc.max_new_tokens = warm_gc.min_new_tokens = warm
+    model.generate(**enc, generation_config=warm_gc)
+    for w in reduced:
+        generate(model, tok, prompts, warm, generator=gen, min_new_tokens=warm, weights=w)
     vals: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(args.repeats):  # alternate, and alternate who goes first
         for k in list(fns)[:: 1 if r % 2 == 0 else -1]:
@@ -116,6 +129,9 @@ def run_generate(args: argparse.Namespace) -> dict:
         side = vals[f"feedbackrl_{w}"]
         out[f"{w}_ratio_per_repeat"] = [a / b for a, b in zip(side, vals["hf"], strict=True)]
         out[f"{w}_vs_fp32_per_repeat"] = [a / b for a, b in zip(side, vals["feedbackrl"], strict=True)]
+        if args.repacked:
+            again = vals[f"feedbackrl_{w}_repacked"]
+            out[f"{w}_repacked_ratio_per_repeat"] = [a / b for a, b in zip(again, vals["hf"], strict=True)]
         out[f"{w}_agreement"] = agreement(model, tok, prompts, new, w)
     return out
 
@@ -149,6 +165,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--int8", action="store_true", help="also time our generate with int8 rollout weights")
     ap.add_argument("--bf16", action="store_true", help="also time our generate with bf16 rollout weights")
+    ap.add_argument("--repacked", action="store_true",
+                    help="also time the int8 / bf16 sides with their weights prepared again in every call (the "
+                         "first call after an optimizer step); the plain sides reuse kept ones where `generate` "
+                         "keeps them (int8)")
+    ap.add_argument("--warmup-tokens", type=int, default=None,
+                    help="new tokens of the one warm-up call per side (default: --new-tokens)")
     ap.add_argument("--out", type=Path, default=None, help="write the result JSON here, with provenance")
     args = ap.parse_args()
     setup_threads(args.threads)
@@ -163,11 +185,10 @@ def main() -> None:
     if args.out is not None:
         args.out.write_text(json.dumps({"provenance": provenance(), "command": " ".join(sys.argv), **res}, indent=2))
     tps = res.get("tokens_per_s", {})
-    isa = ", ".join(cpu_isa()) or "unknown ISA"
     for side, v in tps.items():
         if side != "hf":
             print(f"{side} / hf: {v['median'] / tps['hf']['median']:.2f}x at batch {args.batch} x {args.new_tokens} "
-                  f"new  [{isa}; torch {torch.__version__}, ATen {torch.backends.cpu.get_cpu_capability()}]")
+                  f"new  [{isa_label()}]")
     emit(RESULT_TAG, res)
 
 

@@ -52,6 +52,26 @@ def cpu_isa() -> list[str]:
     return []
 
 
+# settings that narrow the vector paths of PyTorch, its libraries and our C kernel (an emulated, narrower CPU)
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS",
+              "FEEDBACKRL_NATIVE_MARCH")
+
+
+def isa_limits() -> dict[str, str]:
+    """Which of ISA_LIMITS are set: a run with any of them emulates a narrower CPU and must say so."""
+    return {k: os.environ[k] for k in ISA_LIMITS if os.environ.get(k)}
+
+
+def isa_label() -> str:
+    """The CPU's instruction set as one label for every ratio, with the emulation settings where any are set."""
+    import torch
+
+    isa = ", ".join(cpu_isa()) or "unknown ISA"
+    limits = " ".join(f"{k}={v}" for k, v in isa_limits().items())
+    emulated = f"; EMULATED, limited by {limits}" if limits else ""
+    return f"{isa}; torch {torch.__version__}, ATen {torch.backends.cpu.get_cpu_capability()}{emulated}"
+
+
 def machine() -> str:
     """One line for a results row: cores, CPU model and its vector instruction set, e.g.
     '2-core AMD EPYC (avx2)'."""
@@ -77,7 +97,8 @@ def provenance() -> dict[str, Any]:
     import torch
 
     return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
-            "machine": machine(), "cpu": cpu_name(), "isa": cpu_isa(), "cores": os.cpu_count(),
+            "machine": machine(), "cpu": cpu_name(), "isa": cpu_isa(), "isa_limits": isa_limits(),
+            "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "argv": sys.argv,
             "load_average": load_average()}
 

@@ -117,6 +117,14 @@ def test_bf16_is_refused_naming_the_cpu_feature_where_it_is_missing(peaked_lm, t
     assert "CPU only" in bf16.missing("cuda")
 
 
+def test_bf16_is_refused_where_onednn_is_capped_below_bf16(monkeypatch):
+    monkeypatch.setattr(bf16, "cpu_features", lambda: ["avx512_bf16"])
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert "ONEDNN_MAX_CPU_ISA=AVX2 keeps it below them" in bf16.missing()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert bf16.missing() is None
+
+
 def test_bf16_refused_where_the_fast_decoder_does_not_run(peaked_lm, tokenizer, monkeypatch):
     monkeypatch.setattr(bf16, "cpu_features", lambda: ["amx_bf16"])
     monkeypatch.setattr(gen_mod, "fast_path_ok", lambda model: False)

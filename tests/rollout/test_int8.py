@@ -70,6 +70,18 @@ def test_packed_weights_are_each_rows_127_levels():
     assert (err <= s[:, None] / 2 * (1 + 2**-20)).all()  # rounding to the nearest level
 
 
+def test_activations_keep_7_bits_where_fbgemm_is_capped_below_vnni(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: True)
+    assert not int8.reduce_range()
+    for cap in ("AVX2", "avx512"):
+        monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", cap)
+        assert int8.reduce_range()
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX512_E1")
+    assert not int8.reduce_range()
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False)
+    assert int8.reduce_range()
+
+
 def test_outlier_channels_are_taken_out_of_the_int8_product():
     # one channel of y 1000x the others: with it in int8, the per-row scale leaves the other channels ~0 levels
     g = torch.Generator().manual_seed(1)

@@ -6,6 +6,8 @@ is the decoder's PyTorch path, op for op.
 """
 
 import logging
+import os
+import platform
 import shutil
 
 import pytest
@@ -254,3 +256,17 @@ def test_built_once_into_the_cache_directory(fresh_kernel):
 def test_decoder_uses_the_kernel_when_available(peaked_lm):
     decoder = gen_mod._LlamaDecoder(peaked_lm, torch.ones(2, 3, dtype=torch.long), 4)
     assert isinstance(decoder.native, native.DecodeAttention)
+
+
+def test_march_can_be_narrowed_and_keys_its_own_build(monkeypatch, tmp_path):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("FEEDBACKRL_CACHE", str(tmp_path))
+    monkeypatch.delenv("FEEDBACKRL_NATIVE_MARCH", raising=False)
+    assert native._flags()[0] == "-march=native"
+    default = native._build(cc)
+    monkeypatch.setenv("FEEDBACKRL_NATIVE_MARCH", "x86-64-v3" if platform.machine() == "x86_64" else "armv8-a")
+    narrowed = native._build(cc)
+    assert native._flags()[0].startswith("-march=") and native._flags()[0] != "-march=native"
+    assert narrowed != default and narrowed.exists() and default.exists()

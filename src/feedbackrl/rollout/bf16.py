@@ -1,11 +1,12 @@
 """Bf16 rollout weights: the fast decoder's matmuls on bfloat16 weights and activations (CPUs with bf16 instructions).
 
 `rollout.weights = "bf16"` (`generate(..., weights="bf16")`): every matmul of `_LlamaDecoder` (q/k/v, o, gate/up,
-down, the LM head) takes its weight rounded once per call of `generate` to bfloat16 (the RMSNorm weight folded in
-first, as in float32: bf16 rounds each element relative to itself, so folding costs nothing) and its activation
-rounded to bfloat16 at every matmul; the products accumulate in float32 inside oneDNN's kernel (AMX tiles or
-AVX-512 BF16 dot products) and the output is rounded to bfloat16 before it joins the float32 residual stream.
-Attention, the KV cache, the norms, softmax and sampling stay float32.
+down, the LM head) takes its weight rounded to bfloat16 once per call of `generate` (the RMSNorm weight folded in
+first, as in float32: bf16 rounds each element relative to itself, so folding costs nothing; the cast is cheaper
+than checking that a kept copy is current, so it is not kept across calls) and its activation rounded to bfloat16
+at every matmul; the products accumulate in
+float32 inside oneDNN's kernel (AMX tiles or AVX-512 BF16 dot products) and the output is rounded to bfloat16 before
+it joins the float32 residual stream. Attention, the KV cache, the norms, softmax and sampling stay float32.
 
 Each rounding is relative, at most u = 2^-8 of the value (bf16 keeps 8 significant bits), so one matmul's output
 is off by at most (2u + u^2) sum_j |y_j w_j| (its inputs) plus u |y w| (its output) plus float32 accumulation:
@@ -21,8 +22,13 @@ slow emulation (about 1 GFLOP/s measured on an AVX2-only CPU, against 35 for flo
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
+
+# ONEDNN_MAX_CPU_ISA values that cap oneDNN (which runs PyTorch's bf16 matmuls on the CPU) below bf16 instructions
+ONEDNN_BELOW_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"})
 
 UNIT_ROUNDOFF = 2.0**-8  # bf16: 8 significant bits, round to nearest
 
@@ -42,6 +48,11 @@ def missing(device: torch.device | str = "cpu") -> str | None:
     """Why bf16 rollout weights cannot run here (None where they can): a non-CPU device, or no bf16 instructions."""
     if torch.device(device).type != "cpu":
         return f"bf16 rollout weights run on the CPU only so far; the model is on {device}"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if cap in ONEDNN_BELOW_BF16:
+        return (f"rollout.weights = 'bf16' needs oneDNN's bf16 instructions, and ONEDNN_MAX_CPU_ISA={cap} keeps it "
+                "below them (bf16 matmuls would be emulated, slower than float32): use rollout.weights = 'fp32' "
+                "(or 'int8'), or unset ONEDNN_MAX_CPU_ISA")
     if not cpu_features():
         return ("rollout.weights = 'bf16' needs a CPU with bf16 instructions (AMX, flag amx_bf16, or AVX-512 BF16, "
                 "flag avx512_bf16); this CPU has neither, and emulated bf16 matmuls are slower than float32: "

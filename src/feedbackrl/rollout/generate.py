@@ -26,18 +26,21 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.chat import end_token_ids
 from feedbackrl.models.llama_forward import cat_or_none, rope_pair_rows, shared_prompts
 from feedbackrl.models.logprobs import accepts, encode_prompts, fast_path_ok, positions
-from feedbackrl.models.lora import decodable, effective_weight
+from feedbackrl.models.lora import decodable, effective_weight, is_lora_linear
 from feedbackrl.rollout import bf16, int8, native
 
 # (rows in the whole batch, the slice of them this call generates): see `generate(rows=...)`
@@ -202,6 +205,60 @@ ROLLOUT_WEIGHTS: dict[str, Callable[[], _Matmuls]] = {"fp32": _Fp32Matmuls, "int
                                                       "bf16": _Bf16Matmuls}
 
 
+# rollout weights whose prepared copies (`_prepared`) outlive a call of `generate`: int8 only. Measured on
+# SmolLM2-135M (docs/performance.md): preparing int8 weights takes ~3 s, the check that kept ones are current
+# 0.2-0.3 s; a bf16 cast 0.1-0.4 s, about the check's cost, and keeping it would hold half the model in memory.
+CACHED_WEIGHTS = ("int8",)
+_optimizer_steps = 0  # optimizer steps taken in this process, by any optimizer
+
+
+def _count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+# model -> {weights: (what the weights were, the prepared copies)}; an entry goes with its model
+_PREPARED: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[tuple, Tensor, tuple]]] = weakref.WeakKeyDictionary()
+
+
+def _weights_key(model: nn.Module) -> tuple[tuple, Tensor]:
+    """What the decoder's weights are now, to tell whether copies prepared from them are still theirs.
+
+    Any difference rebuilds: the optimizer steps taken in this process (fused AdamW updates parameters in place
+    without bumping their version counters); every parameter's storage, version counter, dtype and shape
+    (in-place edits, `load_state_dict`, swapped storage); the LoRA layers' adapter state; and two checksums of
+    every parameter's values, for writes no counter sees (through `.data`, or another view of the storage): the
+    64-bit XOR of its bits (`torch.hash_tensor`: any single changed value changes it) and its float32 sum (which
+    a uniform change, e.g. a scaled norm weight of equal values, moves where an XOR of equal values cancels).
+    A write that no counter sees and that keeps both checksums (two values swapped through `.data`) is not
+    caught. The checksums read every weight twice, far less than preparing them.
+    """
+    params = [p.detach() for p in model.parameters()]
+    lora = tuple((m.disable_adapters, tuple(m.active_adapters), tuple(sorted(m.scaling.items())))
+                 for m in model.modules() if is_lora_linear(m))
+    meta = (_optimizer_steps, lora, tuple((p.data_ptr(), p._version, p.dtype, tuple(p.shape)) for p in params))
+    hashes = torch.stack([torch.hash_tensor(p) for p in params]).view(torch.int64)
+    sums = torch.stack([p.sum(dtype=torch.float32) for p in params]).view(torch.int32).long()  # bits: NaN == NaN
+    return meta, torch.stack([hashes, sums])
+
+
+def _prepared(model: nn.Module, weights: str, build: Callable[[], tuple]) -> tuple:
+    """`build()`'s prepared weights for `model`, reused across calls while the weights stay the same.
+
+    Rollouts follow training steps: after each optimizer step the first call rebuilds (once), and every
+    further call until the next step (sampling in chunks, evaluation) reuses that build. Memory: the copies
+    stay alive between calls (int8: its int8 weights plus the float32 weights the outlier channels read)."""
+    meta, hashes = _weights_key(model)
+    kept = _PREPARED.setdefault(model, {}).get(weights)
+    if kept is not None and kept[0] == meta and torch.equal(kept[1], hashes):
+        return kept[2]
+    _PREPARED[model].pop(weights, None)  # the stale copies go before the new ones are built
+    built = build()
+    _PREPARED[model][weights] = (meta, hashes, built)
+    return built
+
+
 class _LlamaDecoder:
     """`LlamaForCausalLM.forward` with a preallocated KV cache (N, Hkv, P + T, D) per layer.
 
@@ -250,15 +307,21 @@ class _LlamaDecoder:
         # rotate_half's RoPE. q.k is a sum over the head dim, so the same reorder of q and k (the cache
         # holds reordered keys) leaves the scores unchanged; v is not reordered.
         d, half = self.head_dim, self.head_dim // 2
-        rows = rope_pair_rows(self.heads, self.kv_heads, d, dev)
-        self.layers = []
-        for layer in inner.layers:  # copies: weights change between rollouts, so rebuilt per call
-            at, mlp = layer.self_attn, layer.mlp
-            # (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down)
-            self.layers.append((*folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj, rows=rows),
-                                *plain(at.o_proj), *folded(layer.post_attention_layernorm.weight, mlp.gate_proj,
-                                                           mlp.up_proj), *plain(mlp.down_proj)))
-        self.lm_head, self.lm_bias = folded(inner.norm.weight, model.get_output_embeddings())
+
+        def build() -> tuple[list[tuple], Any, Any]:
+            rows = rope_pair_rows(self.heads, self.kv_heads, d, dev)
+            layers = []
+            for layer in inner.layers:  # copies of the weights in the matmuls' layout
+                at, mlp = layer.self_attn, layer.mlp
+                # (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down)
+                layers.append((*folded(layer.input_layernorm.weight, at.q_proj, at.k_proj, at.v_proj, rows=rows),
+                               *plain(at.o_proj), *folded(layer.post_attention_layernorm.weight, mlp.gate_proj,
+                                                          mlp.up_proj), *plain(mlp.down_proj)))
+            return layers, *folded(inner.norm.weight, model.get_output_embeddings())
+
+        # float32 and bf16 copies are rebuilt every call; int8 ones are kept until the weights change
+        self.layers, self.lm_head, self.lm_bias = (_prepared(model, weights, build) if weights in CACHED_WEIGHTS
+                                                   else build())
         total = p + max_new_tokens
         cache = _empty_huge_pages((len(self.layers), 2, n, self.kv_heads, total, d), self.embed.dtype, dev)
         self.cache = [(c, c[0], c[1]) for c in cache]  # per layer: (k and v, k, v), each (N, Hkv, P + T, D)

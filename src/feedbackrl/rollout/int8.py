@@ -1,11 +1,11 @@
 """Int8 rollout weights: the fast decoder's matmuls on int8 weights and int8 activations (CPU only).
 
-`rollout.weights = "int8"` (`generate(..., weights="int8")`): every matmul of `_LlamaDecoder` (q/k/v, o,
-gate/up, down, the LM head) runs as PyTorch's dynamically quantised linear
-(`torch.ops.quantized.linear_dynamic`, fbgemm or oneDNN underneath): the weight quantised once per call of
-`generate` to int8 per output channel (symmetric, scale = max |w| / 127 per row, applied to the kernel's
-output columns), each activation quantised per row to 8 bits at every matmul (7 without VNNI), int32
-accumulation, float32 out. Attention, the KV cache, the norms, softmax and sampling stay float32.
+`rollout.weights = "int8"` (`generate(..., weights="int8")`): every matmul of `_LlamaDecoder` (q/k/v, o, gate/up,
+down, the LM head) runs as PyTorch's dynamically quantised linear (`torch.ops.quantized.linear_dynamic`, fbgemm or
+oneDNN underneath): the weight quantised to int8 per output channel (symmetric, scale = max |w| / 127 per row,
+applied to the kernel's output columns) once per weight version (`generate._prepared` keeps the packed weights
+across calls until the weights change), each activation quantised per row to 8 bits at every matmul (7 without
+VNNI), int32 accumulation, float32 out. Attention, the KV cache, the norms, softmax and sampling stay float32.
 
 What it costs in accuracy is measured, not assumed: the sampled tokens' log-probs under the int8 decoder
 differ from float32 scoring of the same tokens (docs/performance.md, "Int8 rollout weights"). The
@@ -23,13 +23,21 @@ still run, with one warning per process. A move to torchao's int8 kernels would 
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
+# FBGEMM_ENABLE_INSTRUCTIONS values that cap fbgemm's kernels below AVX-512 VNNI (its names for VNNI end in E1)
+FBGEMM_NO_VNNI = frozenset({"AVX2", "AVX512", "AVX512_256"})
+
 
 def reduce_range() -> bool:
-    """7-bit activations where the CPU lacks VNNI (int16 intermediate sums could saturate), else 8 bits."""
-    return not torch.cpu._is_vnni_supported()
+    """7-bit activations where the int8 kernels run without VNNI (int16 intermediate sums could saturate), else 8
+    bits: where the CPU lacks VNNI, or where `FBGEMM_ENABLE_INSTRUCTIONS` keeps fbgemm from it (an emulated
+    narrower CPU: the AVX2 kernel saturates on 8-bit activations whatever the CPU has)."""
+    capped = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").strip().upper() in FBGEMM_NO_VNNI
+    return capped or not torch.cpu._is_vnni_supported()
 
 
 OUTLIER_CHANNELS = 16  # input channels per matmul kept in float32, picked per call by the activation's magnitude

@@ -6,6 +6,9 @@ with `cc -O3 -march=native -fopenmp` into a cache directory (`$FEEDBACKRL_CACHE`
 `~/.cache/feedbackrl`) and loaded with ctypes; OpenMP resolves to the libgomp that PyTorch already
 loaded, so the kernel shares PyTorch's threads and `torch.set_num_threads` applies to it.
 
+`FEEDBACKRL_NATIVE_MARCH` replaces `native` in `-march` (e.g. `x86-64-v3`: AVX2 and FMA, no AVX-512), for a run
+that emulates a narrower CPU alongside PyTorch's own caps (`ATEN_CPU_CAPABILITY` and the like).
+
 Without a C compiler, or with `FEEDBACKRL_NATIVE=0`, `available()` is False and the decoder keeps its
 PyTorch path (same maths; the tests run both and compare them).
 """
@@ -32,7 +35,11 @@ _SOURCE = Path(__file__).with_name("decode_attention.c")
 # longer caches and larger heads keep the PyTorch path: the kernel's per-thread buffers (len + D floats) live on
 # the stack, 64 KB at most, which every thread library's default stack holds
 MAX_HEAD_DIM, MAX_CACHE = 256, 1 << 14
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+
+
+def _flags() -> list[str]:
+    return [f"-march={os.environ.get('FEEDBACKRL_NATIVE_MARCH') or 'native'}", *_FLAGS]
 
 
 def _cache_dir() -> Path:
@@ -50,7 +57,8 @@ def _cpu_id() -> str:
 
 def _build(cc: str) -> Path:
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), cc.encode(), _cpu_id().encode(),
+    flags = _flags()
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), cc.encode(), _cpu_id().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
     lib = _cache_dir() / f"decode_attention-{key}.so"
     if lib.exists():
@@ -59,7 +67,7 @@ def _build(cc: str) -> Path:
     # build beside the target, then rename: concurrent first uses (pytest workers, Ray actors) never see half a file
     with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
         out = Path(tmp) / lib.name
-        proc = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True,
+        proc = subprocess.run([cc, *flags, str(_SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True,
                               timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed to build {_SOURCE.name}:\n{proc.stderr.strip()}")
