@@ -1,8 +1,8 @@
-"""The safe RL toy (docs/safety.md): unconstrained GRPO against GRPO-Lagrangian on word reversal, 3 seeds each.
+"""The safe RL toy (docs/safety.md): unconstrained GRPO against GRPO-Lagrangian on word reversal, per seed.
 
     python examples/safe_demo.py --out runs/safe_demo                 # all runs, then the summary and the plot
     python examples/safe_demo.py --out runs/safe_demo --summary       # only the summary and the plot
-    python examples/safe_demo.py --out runs/safe_demo --seeds 0 1 2 3 4 5 6 7 8 9  # 3-9: not used to choose anything
+    python examples/safe_demo.py --out runs/safe_demo --seeds 30 31 32 33 34 35  # not used to choose anything
     python examples/safe_demo.py --out runs/safe_demo_ppo --algo ppo --seeds 0 --sft runs/safe_demo/sft
                                                                       # PPO against PPO-Lagrangian
 
