@@ -112,7 +112,7 @@ highway-constraint: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/policy_cost.py $(HW_OUT)/policy_cost.json --modes greedy@2560,sampled@5120 \
 		$(foreach s,$(HW_SEEDS),ppo_$(s)=$(HW_OUT)/ppo_$(s) safe_$(s)=$(HW_OUT)/safe_$(s))
 	$(PY) benchmarks/constraint_runs.py benchmarks/results/highway_speed_constraint.json \
-		--policy-cost $(HW_OUT)/policy_cost.json \
+		--policy-cost $(HW_OUT)/policy_cost.json --command "make highway-constraint HW_SEEDS='$(HW_SEEDS)'" \
 		$(foreach s,$(HW_SEEDS),ppo_$(s)=$(HW_OUT)/ppo_$(s) safe_$(s)=$(HW_OUT)/safe_$(s))
 
 test: $(TEST_STAMP) $(VF_STAMP)
