@@ -109,7 +109,7 @@ highway-constraint: $(TEST_STAMP)
 	for s in $(HW_SEEDS); do for arm in ppo safe; do \
 		OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/highway_speed_$$arm.toml --out $(HW_OUT)/$${arm}_$$s \
 			--set train.seed=$$s || exit 1; done; done
-	OMP_NUM_THREADS=1 $(PY) benchmarks/policy_cost.py $(HW_OUT)/policy_cost.json --modes greedy@2560,sampled@5120 \
+	OMP_NUM_THREADS=1 $(PY) benchmarks/policy_cost.py $(HW_OUT)/policy_cost.json --modes greedy@2560,sampled@2560 \
 		$(foreach s,$(HW_SEEDS),ppo_$(s)=$(HW_OUT)/ppo_$(s) safe_$(s)=$(HW_OUT)/safe_$(s))
 	$(PY) benchmarks/constraint_runs.py benchmarks/results/highway_speed_constraint.json \
 		--policy-cost $(HW_OUT)/policy_cost.json --command "make highway-constraint HW_SEEDS='$(HW_SEEDS)'" \
