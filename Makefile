@@ -20,7 +20,7 @@ IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo test test-all test-isa lint bench smollm2 smollm2-word smollm2-tools judge-smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo highway-constraint test test-all test-isa lint bench smollm2 smollm2-word smollm2-tools judge-smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -97,6 +97,23 @@ secret-demo: setup
 # takeover rate per update). Needs the control extra (installed with the test extras). One thread, ~2 min.
 assist-demo: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/cartpole_assist.toml --out runs/cartpole_assist
+
+# A collision constraint that binds (docs/control.md, "A constraint that binds"): unconstrained PPO and PPO-Lagrangian
+# on highway-fast-v0 with a reward for speed only and the crash as the cost (recipes/highway_speed_ppo.toml and
+# highway_speed_safe.toml, settings chosen on seed 10), seeds 0-2; then each final checkpoint's held-out cost per
+# step, greedy (the released policy) and sampled; benchmarks/results/highway_speed_constraint.json. One run at a
+# time, one thread: ~1 h on a loaded 2-core machine. Needs the control extra (installed with the test extras).
+HW_SEEDS ?= 0 1 2
+HW_OUT ?= runs/highway_constraint
+highway-constraint: $(TEST_STAMP)
+	for s in $(HW_SEEDS); do for arm in ppo safe; do \
+		OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/highway_speed_$$arm.toml --out $(HW_OUT)/$${arm}_$$s \
+			--set train.seed=$$s || exit 1; done; done
+	OMP_NUM_THREADS=1 $(PY) benchmarks/policy_cost.py $(HW_OUT)/policy_cost.json --modes greedy@2560,sampled@2560 \
+		$(foreach s,$(HW_SEEDS),ppo_$(s)=$(HW_OUT)/ppo_$(s) safe_$(s)=$(HW_OUT)/safe_$(s))
+	$(PY) benchmarks/constraint_runs.py benchmarks/results/highway_speed_constraint.json \
+		--policy-cost $(HW_OUT)/policy_cost.json --command "make highway-constraint HW_SEEDS='$(HW_SEEDS)'" \
+		$(foreach s,$(HW_SEEDS),ppo_$(s)=$(HW_OUT)/ppo_$(s) safe_$(s)=$(HW_OUT)/safe_$(s))
 
 test: $(TEST_STAMP) $(VF_STAMP)
 	$(PY) -m ruff check .

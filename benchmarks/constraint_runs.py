@@ -2,12 +2,13 @@
 trajectory and the held-out metrics, per run directory.
 
 Run: .venv/bin/python benchmarks/constraint_runs.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...]
-       [--section KEY] [--policy-cost POLICY_COST.json]
+       [--section KEY] [--policy-cost POLICY_COST.json] [--command "HOW THE RUNS WERE MADE"]
 each RUN_DIR written by `feedbackrl train RECIPE --out RUN_DIR --set train.seed=S [--set ...]`. Without
 `--section` OUT.json is rewritten as {"provenance", "runs"}; with it, the runs go under OUT.json's KEY (with their
 own provenance) and every other key of the file is kept. `--policy-cost` adds the file written by
 benchmarks/policy_cost.py (each checkpoint's greedy and sampled cost per step over held-out episodes) under the
-section's "policy_cost".
+section's "policy_cost". `--command` records the command that trained the runs (e.g. `make highway-constraint`)
+in the provenance, beside this script's own argv.
 
 "Late training" is the last quarter of the updates, as in benchmarks/bench_control.py: the mean over those
 updates of `cost/mean` (the rollout's cost per environment step) and of `episode/collision` (the share of
@@ -54,7 +55,7 @@ def one_run(run_dir: Path) -> dict[str, Any]:
 def main() -> None:
     args = sys.argv[1:]
     opts = {}
-    for flag in ("--section", "--policy-cost"):
+    for flag in ("--section", "--policy-cost", "--command"):
         if flag in args:
             i = args.index(flag)
             opts[flag] = args[i + 1]
@@ -70,7 +71,8 @@ def main() -> None:
               f"{r['eval_after']['eval/collision']:.2f}" + (f", final lambda {r['final_lambda']:.2f}"
                                                             if "final_lambda" in r else ""), flush=True)
     out = Path(args[0])
-    measured: dict[str, Any] = {"provenance": provenance(), "runs": runs}
+    measured: dict[str, Any] = {"provenance": provenance() | ({"command": opts["--command"]} if "--command" in opts
+                                                              else {}), "runs": runs}
     if "--policy-cost" in opts:
         measured["policy_cost"] = json.loads(Path(opts["--policy-cost"]).read_text())
     if "--section" not in opts:

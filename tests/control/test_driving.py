@@ -166,7 +166,8 @@ def test_a_short_driving_run_logs_and_evaluates_the_closed_loop_metrics(tmp_path
     assert all("constraint/lambda" in r for r in rows if r.get("phase") == "rl")
 
 
-@pytest.mark.parametrize("name", ["highway_ppo", "highway_prefs", "highway_safe"])
+@pytest.mark.parametrize("name", ["highway_ppo", "highway_prefs", "highway_safe", "highway_speed_ppo",
+                                  "highway_speed_safe"])
 def test_the_driving_recipes_read(name):
     from pathlib import Path
 
@@ -175,9 +176,52 @@ def test_the_driving_recipes_read(name):
     cfg = load_config(Path(__file__).resolve().parents[2] / "recipes" / f"{name}.toml")
     assert cfg.control.env == HIGHWAY and cfg.control.cost == "collision"
     assert (cfg.control.reward == "preferences") == (name == "highway_prefs")
-    assert (cfg.constraint is not None) == (name == "highway_safe")
+    assert (cfg.constraint is not None) == name.endswith("_safe")
     if name == "highway_prefs":
         assert cfg.control.preferences.labels <= 1000
+
+
+def test_the_speed_recipes_share_everything_but_the_constraint():
+    from pathlib import Path
+
+    from feedbackrl.config import load_config
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    ppo, safe = (load_config(recipes / f"highway_speed_{n}.toml") for n in ("ppo", "safe"))
+    assert ppo.constraint is None and safe.constraint is not None
+    assert ppo.model_dump(exclude={"constraint"}) == safe.model_dump(exclude={"constraint"})
+
+
+def test_the_speed_reward_pays_forward_speed_only_and_nothing_is_taken_for_a_crash():
+    """recipes/highway_speed_*.toml: highway-env's reward with only its speed term, (v cos(heading) - 20) / 10
+    clipped to [0, 1], times 1 on the road; a crash still ends the episode but costs no reward."""
+    from pathlib import Path
+
+    from feedbackrl.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "recipes" / "highway_speed_ppo.toml")
+    env = gym.make(HIGHWAY, **cfg.control.env_options)
+    base = env.unwrapped
+    crashed = 0
+    for seed in range(6):
+        env.reset(seed=seed)
+        for _ in range(20):  # FASTER every step: at 10 vehicles the ego car soon runs into one
+            _, reward, terminated, truncated, info = env.step(3)
+            v = base.vehicle
+            expected = float(np.clip((v.speed * np.cos(v.heading) - 20) / 10, 0, 1)) * float(v.on_road)
+            assert reward == pytest.approx(expected, abs=1e-12)
+            if terminated:
+                assert info["crashed"]
+                crashed += 1
+            if terminated or truncated:
+                break
+    env.close()
+    assert crashed >= 1  # the crash step was among those checked
+
+
+def test_a_highway_setting_that_does_not_exist_is_refused():
+    with pytest.raises(ConfigError, match="'colision_reward' is not a setting of highway-env's highway-fast-v0"):
+        gym.make(HIGHWAY, config={"duration": 5, "colision_reward": 0})
 
 
 def test_a_driving_clip_is_drawn_headless():

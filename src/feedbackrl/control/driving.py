@@ -10,7 +10,8 @@ optional dependency of the `control` extra). Each is the highway-env scenario of
   time of a step);
 - its discrete meta-actions: 0 LANE_LEFT, 1 IDLE, 2 LANE_RIGHT, 3 FASTER, 4 SLOWER;
 - `config` (keyword argument, as highway-env's own `config=`) overriding the scenario's configuration, e.g.
-  `duration` (policy steps per episode) or `vehicles_count`;
+  `duration` (policy steps per episode), `vehicles_count` or the reward's weights (`collision_reward`,
+  `high_speed_reward`, ...); a key the scenario does not have is refused (highway-env itself ignores it);
 - in every step's info: `crashed` and `off_road` (the ego vehicle is not on a lane), the per-step cost
   `control.cost = "collision"` reads (`envs.collision`);
 - in an episode's last step's info, `metrics`, the closed-loop metrics of the episode (`episode_metrics`):
@@ -29,6 +30,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from feedbackrl.config import ConfigError
 
 SCENARIOS = ("highway-fast-v0", "highway-v0", "merge-v0", "roundabout-v0")
 METRICS = ("collision", "off_road", "distance", "mean_speed", "lane_changes", "jerk")
@@ -132,4 +135,11 @@ def make_driving(scenario: str, config: dict[str, Any] | None = None, render_mod
     if render_mode is not None:  # draw on a surface only: no window, so no display is needed
         config.setdefault("offscreen_rendering", True)
     env = gym.make(scenario, config=config, render_mode=render_mode)
+    # highway-env merges `config` into its defaults without a check, so a misspelt key would be ignored
+    unknown = sorted(set(config) - set(env.unwrapped.default_config()))
+    if unknown:
+        env.close()
+        raise ConfigError(f"control.env_options.config: {', '.join(map(repr, unknown))} "
+                         f"{'is not a setting' if len(unknown) == 1 else 'are not settings'} of highway-env's "
+                         f"{scenario}; its settings: {', '.join(sorted(env.unwrapped.default_config()))}")
     return DrivingEnv(env)
