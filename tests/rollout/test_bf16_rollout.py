@@ -104,6 +104,7 @@ def test_bf16_is_refused_naming_the_cpu_feature_where_it_is_missing(peaked_lm, t
     from feedbackrl.envs.registry import make_task
     from feedbackrl.episodes.kinds import check_rollout
 
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # that cap is a refusal of its own (below)
     monkeypatch.setattr(bf16, "cpu_features", lambda: [])
     with pytest.raises(ValueError, match=r"needs a CPU with bf16 instructions \(AMX, flag amx_bf16, or AVX-512 "
                                          r"BF16, flag avx512_bf16\)"):
@@ -126,6 +127,7 @@ def test_bf16_is_refused_where_onednn_is_capped_below_bf16(monkeypatch):
 
 
 def test_bf16_refused_where_the_fast_decoder_does_not_run(peaked_lm, tokenizer, monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(bf16, "cpu_features", lambda: ["amx_bf16"])
     monkeypatch.setattr(gen_mod, "fast_path_ok", lambda model: False)
     with pytest.raises(ValueError, match="rollout weights 'bf16' need the fast decoder"):
