@@ -74,3 +74,16 @@ def test_eval_reports_accuracy_among_finished_answers(monkeypatch, tokenizer):
     # ... written as null, so report.json stays valid JSON and a report read back equals the one written
     assert r.to_dict()["finished_accuracy"] is None
     assert json.loads(json.dumps(r.to_dict(), allow_nan=False)) == r.to_dict()
+
+
+def test_an_episode_metric_without_a_reading_is_null_in_the_report():
+    from feedbackrl.envs.multi_turn import EpisodeRecord, episode_stats
+    from feedbackrl.episodes.contracts import EvalResult
+
+    # no episode succeeded, so turns per success has no reading (NaN in the stats)
+    failed = EpisodeRecord("1+1=", turn_rewards=[0.0, 0.0], end="answered", verdict=Verdict(0.0, False, ""))
+    stats = episode_stats([failed])
+    assert math.isnan(stats["episode/turns_per_success"])
+    d = EvalResult(accuracy=0.0, pass_at_k=0.0, k=0, n=1, mean_len=3.0, metrics=stats).to_dict()
+    assert d["episode/turns_per_success"] is None and d["episode/turns_mean"] == 2.0
+    assert json.loads(json.dumps(d, allow_nan=False)) == d

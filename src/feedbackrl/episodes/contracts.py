@@ -91,7 +91,9 @@ class EvalResult:
     # that reports stay valid JSON and compare equal); None = not measured
     finished_accuracy: float | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)  # episodic tasks: `episode_stats` of the greedy episodes
+    # episodic tasks: `episode_stats` of the greedy episodes (a NaN, e.g. turns per success with no success, is
+    # null in to_dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         sampled = {f"pass@{self.k}": self.pass_at_k} if self.k else {}  # k = 0: greedy only, no pass@k
@@ -100,7 +102,8 @@ class EvalResult:
         return {"accuracy": self.accuracy, **sampled, "k": self.k, "n": self.n,
                 "mean_len": self.mean_len, "truncated_frac": self.truncated_frac,
                 **finished,
-                "samples": self.samples, **self.metrics}
+                "samples": self.samples,
+                **{k: _number_or_null(v) if isinstance(v, float) else v for k, v in self.metrics.items()}}
 
 
 @dataclass(frozen=True)
