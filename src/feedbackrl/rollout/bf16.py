@@ -2,11 +2,11 @@
 
 `rollout.weights = "bf16"` (`generate(..., weights="bf16")`): every matmul of `_LlamaDecoder` (q/k/v, o, gate/up,
 down, the LM head) takes its weight rounded to bfloat16 once per call of `generate` (the RMSNorm weight folded in
-first, as in float32: bf16 rounds each element relative to itself, so folding costs nothing; the cast is cheaper
-than checking that a kept copy is current, so it is not kept across calls) and its activation rounded to bfloat16
-at every matmul; the products accumulate in
-float32 inside oneDNN's kernel (AMX tiles or AVX-512 BF16 dot products) and the output is rounded to bfloat16 before
-it joins the float32 residual stream. Attention, the KV cache, the norms, softmax and sampling stay float32.
+first, as in float32: bf16 rounds each element relative to itself, so folding costs nothing; the cast costs about
+what checking that a kept copy is current would, so it is not kept across calls) and its activation rounded to
+bfloat16 at every matmul; the products accumulate in float32 inside oneDNN's kernel (AMX tiles or AVX-512 BF16 dot
+products) and the output is rounded to bfloat16 before it joins the float32 residual stream. Attention, the KV
+cache, the norms, softmax and sampling stay float32.
 
 Each rounding is relative, at most u = 2^-8 of the value (bf16 keeps 8 significant bits), so one matmul's output
 is off by at most (2u + u^2) sum_j |y_j w_j| (its inputs) plus u |y w| (its output) plus float32 accumulation:
