@@ -6,16 +6,45 @@ due and the learned reward; (3) advantages with GAE (`rollout.rollout_advantages
 whitened with `algos.ppo.whiten`; with a [constraint], the cost's advantages from a second value head,
 combined with `algos.constrained.combined_advantages` under the text loop's `train/constraint.py:Multiplier`
 (gradient ascent on log lambda or PID, `constraint.bound_delta` included); (4) PPO epochs over shuffled
-minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log, checkpoint.
+minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log; (6) the periodic eval and the
+monitors; (7) the monitors' actions; then the periodic checkpoint.
 
-Shared with the text loops: the losses and advantages in `algos/`, the `Multiplier`, the metrics sink and the
-report and plot of the run path (`train/run.py` runs this as a whole-run entry), the monitors (their detectors
-read this loop's metric rows; with a learned reward, `monitor/proxy_mean` and `monitor/gold_mean` feed
-`proxy_gold`), and, with control.preferences.labels_from = "app", the labelling app and the online loop's
-`LabelQueue` (control/app_labels.py). Not shared yet: the loop itself (a control rollout is (T, E)
-environment steps, not token sequences of a language model), and the checkpoint writer (the policy is a plain torch
-module, not a Hugging Face model; the layout, `checkpoints/step_N/` with `trainer_state.pt` and
-`run_config.json`, is the same, so `--resume` takes a run or a checkpoint directory alike).
+Shared with the text loop (`train/onpolicy.py:train_on_policy`):
+- the losses and advantages in `algos/` and the `Multiplier`;
+- the checkpoint writer and reader (`train/checkpoint.py`: `save_checkpoint`, `restore`, `load_extra`): the
+  same `checkpoints/step_N/` layout, atomic write, `trainer_state.pt` (step, optimizer, the global torch RNG,
+  the loop's named streams: here `generator` and the reward model's `learner_generator`; the loop's own state:
+  here the environments mid-episode, the reward model and its labels, the held-out eval before training),
+  the algorithm's extra files (the multiplier in `constraint.pt`, as the text objectives write it) and
+  `run_config.json`; only the policy's files differ, behind `PolicyFiles`: `ModuleFiles` writes this plain
+  torch module's `policy.pt` and its shape in `config.json`, where a text run saves a Hugging Face model.
+  `--resume` takes a run or a checkpoint directory alike; `train.save_optimizer` acts as for text;
+- the monitors and their actions (`train/monitoring.py`): `after_step` runs the periodic eval and the
+  detectors over this loop's metric rows (with a learned reward, `monitor/proxy_mean` and `monitor/gold_mean`
+  feed `proxy_gold`), `stop` ends the run at the alert's step, `rollback` is the text loop's `roll_back` to the
+  latest checkpoint (the policy with its value heads and the optimizer; here the multiplier too, as a text
+  objective reloads its own), re-arming the detectors and turning into a stop after `max_rollbacks`;
+- the metrics sink and the report and plot of the run path (`train/run.py` runs this as a whole-run entry),
+  and, with control.preferences.labels_from = "app", the labelling app and the online loop's `LabelQueue`
+  (control/app_labels.py).
+
+Not shared: `raise_kl` (control PPO has no KL term or frozen reference, so a control recipe cannot ask for
+it), and the step itself. One step function for both loops would need (a) the control rollout as a `Batch`
+behind the `Collector` contract (`episodes/contracts.py`), whose rows are token sequences (prompt and
+completion ids and masks, texts, verdicts) and whose collect step takes the text loop's two streams (prompts,
+samples), where a control rollout is (T, E) environment steps with terminations, truncations and bootstrap
+values, drawn with one generator that also shuffles the minibatches; (b) the `Objective` contract generalised
+past `PreTrainedModel` and token tensors: its `prepare` gets a no-grad pass over the batch's token rows and the
+frozen reference's log-probs, its `loss` a micro-batch's token tensors with token-count normalisers; a control
+objective (GAE and the multiplier over the (T, E) rollout in `prepare`, the PPO loss over flat environment
+steps in `loss`) fits the shape of that contract but not its types; (c) the text loop's machinery made
+optional per task kind (the frozen reference, `train.precision` autocast, micro-batches, `torchrun` ranks and
+sharding, Ray and vLLM collectors, probe prompts, transcripts, staleness); and (d) this loop's own choices kept,
+to leave its results unchanged: a permutation drawn every epoch even with one minibatch, Adam with eps 1e-5
+(the text loop uses fused AdamW), the learning rate annealed linearly to 0, the labelling rounds inside the
+step. That is a change to every objective and collector, not a wrapper over the two loops; until it is made,
+the two loops share everything after the update (steps 6 and 7 and the checkpoint) by calling the same
+functions.
 """
 
 from __future__ import annotations
@@ -108,8 +137,7 @@ def load_checkpoint(ckpt: Path) -> tuple[ActorCritic, RunConfig]:
                                     if saved.get(k) is not None})
     m = json.loads((ckpt / MODEL_CONFIG).read_text())
     policy = ActorCritic(m["obs_dim"], m["action_dim"], m["discrete"], m["hidden"], value_heads=m["value_heads"])
-    files = ModuleFiles(policy, m)
-    policy.load_state_dict(files.load_weights(ckpt))
+    policy.load_state_dict(ModuleFiles(policy, m).load_weights(ckpt))
     return policy.eval(), cfg
 
 

@@ -11,7 +11,9 @@ batch, the loss of a micro-batch, the modules it trains beside the policy (a val
 checkpoints. Each objective declares its `Capabilities` next to it; a recipe that needs one it lacks is refused
 before any work (`check_capabilities`), naming the setting.
 
-All maths lives in `feedbackrl.algos`; this file and the objectives only wire it.
+All maths lives in `feedbackrl.algos`; this file and the objectives only wire it. The checkpoint writer
+(`train/checkpoint.py`) and the monitors' check and actions (`train/monitoring.py`) are the control loop's too
+(`control/loop.py`, whose docstring says what else one loop for both would need).
 """
 
 from __future__ import annotations
