@@ -115,17 +115,16 @@ def text_runs(root: Path) -> dict[str, Any]:
     return out
 
 
-def source() -> dict[str, str]:
-    """The feedbackrl these runs imported: its directory and that checkout's commit (it may be another tree's)."""
+def source() -> str:
+    """The commit of the checkout whose feedbackrl these runs imported (it may be another tree's than this
+    script's); 'unknown' outside a checkout."""
     import feedbackrl
 
-    where = Path(feedbackrl.__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(feedbackrl.__file__).parent,
+                              capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"package": str(where), "commit": commit}
+        return "unknown"
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -148,13 +147,13 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.compare:
         result = {**compare(*(json.loads(p.read_text())["runs"] for p in args.compare)),
-                  "records": {str(p): {k: json.loads(p.read_text())[k] for k in ("source", "provenance")}
-                              for p in args.compare},
+                  "records": [{"file": p.name, **{k: json.loads(p.read_text())[k]
+                                                  for k in ("source_commit", "provenance")}} for p in args.compare],
                   "provenance": provenance()}
         print(json.dumps({k: result[k] for k in ("all_equal", "runs")}, indent=1))
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            result = {"runs": {**control_runs(Path(tmp)), **text_runs(Path(tmp))}, "source": source(),
+            result = {"runs": {**control_runs(Path(tmp)), **text_runs(Path(tmp))}, "source_commit": source(),
                       "provenance": provenance()}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
