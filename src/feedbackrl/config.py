@@ -712,10 +712,10 @@ class RunConfig(Section):
         if self.constraint is not None and not c.cost:
             raise ValueError("[constraint] keeps control.cost under constraint.threshold: set control.cost")
         m = self.monitors
-        refused = {d: x for d, x in m.actions.items() if x not in ("log", "stop")}
+        refused = {d: x for d, x in m.actions.items() if x == "raise_kl"}
         if refused:
-            raise ValueError(f"monitors.actions {refused}: a control run's monitors can log or stop (rollback and "
-                             "raise_kl act on a language model's checkpoints and KL coefficient)")
+            raise ValueError(f"monitors.actions {refused}: a control run's monitors can log, stop or roll back "
+                             "(raise_kl raises a KL coefficient, and control PPO has no KL term)")
         if m.gold_every or m.audit.every:
             raise ValueError("monitors.gold_every and monitors.audit check text completions; a control run's gold "
                              "is the environment's return, compared with the learned reward at every step")

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from feedbackrl.config import ConfigError, build_config
+from feedbackrl.train.checkpoint import MODULE_FILE, latest_checkpoint, load_extra, load_trainer_state
+from feedbackrl.train.constraint import CONSTRAINT_FILE
 from feedbackrl.train.run import run
 
 pytest.importorskip("gymnasium", reason="the control extra installs gymnasium")
@@ -34,8 +36,11 @@ def test_short_cartpole_run_raises_the_true_return(tmp_path):
         "control_ppo"
 
 
-def _final_state(run_dir):
-    return torch.load(sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "trainer_state.pt", weights_only=False)
+def _final(run_dir):
+    """The last checkpoint of a run: (its dir, its trainer state with the control loop's RNG streams)."""
+    ckpt = latest_checkpoint(run_dir)
+    names = ["generator"] + (["learner_generator"] if "learner" in load_trainer_state(ckpt).loop_state else [])
+    return ckpt, load_trainer_state(ckpt, names)
 
 
 RESUMABLE = {
@@ -60,23 +65,49 @@ def test_resume_is_bit_exact(tmp_path, extra):
     # continue from step 2 (not the last checkpoint) into a fresh dir
     resumed = tmp_path / "resumed"
     run(cfg(), resumed, resume=part / "checkpoints" / "step_000002")
-    a, b = _final_state(full), _final_state(resumed)
-    assert a["step"] == b["step"] == 4
-    for name, tensor in a["policy"].items():
-        assert torch.equal(tensor, b["policy"][name]), name
-    assert torch.equal(a["generator"], b["generator"])
-    assert (a["collector"]["obs"] == b["collector"]["obs"]).all()
-    for key, state in a["optimizer"]["state"].items():
-        assert torch.equal(state["exp_avg_sq"], b["optimizer"]["state"][key]["exp_avg_sq"])
-    if "learner" in a:
-        assert a["learner"]["asked"] == b["learner"]["asked"] == 24
-        assert torch.equal(a["learner"]["labels"], b["learner"]["labels"])
-        for name, tensor in a["learner"]["model"].items():
-            assert torch.equal(tensor, b["learner"]["model"][name]), name
-    assert a["multiplier"] == b["multiplier"]
+    (ckpt_a, a), (ckpt_b, b) = _final(full), _final(resumed)
+    assert a.step == b.step == 4
+    # the policy's file, the checkpoint writer's files and streams: as the text loop's (train/checkpoint.py)
+    want, got = (torch.load(c / MODULE_FILE, weights_only=True) for c in (ckpt_a, ckpt_b))
+    for name, tensor in want.items():
+        assert torch.equal(tensor, got[name]), name
+    assert torch.equal(a.torch_rng, b.torch_rng) and a.rngs.keys() == b.rngs.keys()
+    for name in a.rngs:
+        assert torch.equal(a.rngs[name], b.rngs[name]), name
+    assert (a.loop_state["collector"]["obs"] == b.loop_state["collector"]["obs"]).all()
+    for key, state in a.optimizer["state"].items():
+        assert torch.equal(state["exp_avg_sq"], b.optimizer["state"][key]["exp_avg_sq"])
+    if "learner" in a.loop_state:
+        la, lb = a.loop_state["learner"], b.loop_state["learner"]
+        assert la["asked"] == lb["asked"] == 24
+        assert torch.equal(la["labels"], lb["labels"])
+        for name, tensor in la["model"].items():
+            assert torch.equal(tensor, lb["model"][name]), name
+    if "constraint" in extra:
+        assert load_extra(ckpt_a, CONSTRAINT_FILE) == load_extra(ckpt_b, CONSTRAINT_FILE)
+    else:
+        assert not (ckpt_a / CONSTRAINT_FILE).exists()
+    # every logged value of the resumed steps (timings aside), the last training episodes' means included
     metrics = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (full, resumed)]
-    last = [[r for r in m if r.get("phase") == "rl" and r["step"] == 4][0] for m in metrics]
-    assert last[0]["loss/policy"] == last[1]["loss/policy"]
+    for step in (3, 4):
+        rows = [{k: v for k, v in r.items() if not k.startswith("perf/")} for m in metrics for r in m
+                if r.get("phase") == "rl" and r["step"] == step]
+        assert rows[0] == rows[1], step
+
+
+def test_a_checkpoint_with_the_policy_in_the_trainer_state_still_evaluates(tmp_path):
+    # control checkpoints written before policy.pt kept the weights in trainer_state.pt: `feedbackrl eval` and
+    # benchmarks/policy_cost.py read them still
+    from feedbackrl.control.loop import load_checkpoint
+
+    run(_cfg(steps=1), tmp_path)
+    ckpt = latest_checkpoint(tmp_path)
+    want = torch.load(ckpt / MODULE_FILE, weights_only=True)
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    torch.save({**state, "policy": want}, ckpt / "trainer_state.pt")
+    (ckpt / MODULE_FILE).unlink()
+    policy, _ = load_checkpoint(ckpt)
+    assert all(torch.equal(t, want[k]) for k, t in policy.state_dict().items())
 
 
 def test_continuous_actions_run_on_pendulum(tmp_path):

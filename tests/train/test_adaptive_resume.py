@@ -33,7 +33,7 @@ def test_controller_state_is_checkpointed_and_resumed(tiny_model_dir: Path, tmp_
     assert [rows.by_step[s]["task/difficulty"] for s in (1, 2, 3)] == [4, 3, 3], rows.by_step
 
     ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
-    saved = load_trainer_state(ckpt).task_state
+    saved = load_trainer_state(ckpt).loop_state["task_state"]
     assert saved == {"controller": {"level": 3, "recent": []}}, saved  # just moved: window restarted
 
     resumed, rows = task(), MemorySink()

@@ -158,8 +158,9 @@ def test_the_resumed_run_exercises_every_path(full_run, tiny_model_dir: Path):
 
 def test_checkpoint_layout(half_run: Path, tiny_model_dir: Path):
     ckpt = half_run / "checkpoints" / "step_000002"
-    state = load_trainer_state(ckpt)
-    assert state.step == 2 and state.task_state == {"batches": 2}
+    state = load_trainer_state(ckpt, ["prompt_rng", "sample_rng"])
+    assert state.step == 2 and state.loop_state == {"task_state": {"batches": 2}}
+    assert sorted(state.rngs) == ["prompt_rng", "sample_rng"] and state.optimizer is not None
     assert read_config_json(ckpt) == config(2).model_dump(mode="json")
     # the model files are an ordinary HF model directory
     again = AutoModelForCausalLM.from_pretrained(ckpt)

@@ -55,6 +55,7 @@ from feedbackrl.control.envs import make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.rollout import Collector, minibatch_indices, rollout_advantages
 from feedbackrl.log import MetricsSink, console
+from feedbackrl.train.checkpoint import ModuleFiles, save_checkpoint
 
 
 def cartpole_expert(obs: np.ndarray) -> np.ndarray:
@@ -303,8 +304,6 @@ def run_recipe(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSi
     """`feedbackrl train` with `[control.assist]`: behaviour cloning on the expert's noisy demonstrations, then
     `algo.steps` updates of `run_assisted`; the final policy saved as a control checkpoint (`feedbackrl eval`
     reads it). -> the report's control section."""
-    from feedbackrl.control.loop import _save  # the control run's checkpoint layout
-
     if ckpt is not None:
         raise ConfigError("--resume: a run with [control.assist] cannot continue from a checkpoint yet (its "
                           "takeover data are not saved); start the run again")
@@ -332,8 +331,9 @@ def run_recipe(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSi
     envs.close()
     model_config = {"obs_dim": obs_dim, "action_dim": act_dim, "discrete": discrete, "hidden": a.hidden,
                     "value_heads": 1, "env": a.env}
-    _save(out_dir, a.updates, cfg, {"step": a.updates, "policy": policy.state_dict(), "eval_before": before},
-          model_config)
+    # a control checkpoint (`feedbackrl eval` reads it) without what a resume needs: an assisted run does not resume
+    save_checkpoint(out_dir, a.updates, ModuleFiles(policy, model_config), None, {}, cfg.model_dump_json(indent=2),
+                    {"eval_before": before})
     after = {k: v for k, v in log[-1].items() if k.startswith("eval/")}
     rates = [r["assist/takeover_rate"] for r in log[1:]]
     k = max(1, len(rates) // 4)

@@ -6,23 +6,51 @@ due and the learned reward; (3) advantages with GAE (`rollout.rollout_advantages
 whitened with `algos.ppo.whiten`; with a [constraint], the cost's advantages from a second value head,
 combined with `algos.constrained.combined_advantages` under the text loop's `train/constraint.py:Multiplier`
 (gradient ascent on log lambda or PID, `constraint.bound_delta` included); (4) PPO epochs over shuffled
-minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log, checkpoint.
+minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log; (6) the periodic eval and the
+monitors; (7) the monitors' actions; then the periodic checkpoint.
 
-Shared with the text loops: the losses and advantages in `algos/`, the `Multiplier`, the metrics sink and the
-report and plot of the run path (`train/run.py` runs this as a whole-run entry), the monitors (their detectors
-read this loop's metric rows; with a learned reward, `monitor/proxy_mean` and `monitor/gold_mean` feed
-`proxy_gold`), and, with control.preferences.labels_from = "app", the labelling app and the online loop's
-`LabelQueue` (control/app_labels.py). Not shared yet: the loop itself (a control rollout is (T, E)
-environment steps, not token sequences of a language model), and the checkpoint writer (the policy is a plain torch
-module, not a Hugging Face model; the layout, `checkpoints/step_N/` with `trainer_state.pt` and
-`run_config.json`, is the same, so `--resume` takes a run or a checkpoint directory alike).
+Shared with the text loop (`train/onpolicy.py:train_on_policy`):
+- the losses and advantages in `algos/` and the `Multiplier`;
+- the checkpoint writer and reader (`train/checkpoint.py`: `save_checkpoint`, `restore`, `load_extra`): the
+  same `checkpoints/step_N/` layout, atomic write, `trainer_state.pt` (step, optimizer, the global torch RNG,
+  the loop's named streams: here `generator` and the reward model's `learner_generator`; the loop's own state:
+  here the environments mid-episode, the reward model and its labels, the held-out eval before training),
+  the algorithm's extra files (the multiplier in `constraint.pt`, as the text objectives write it) and
+  `run_config.json`; only the policy's files differ, behind `PolicyFiles`: `ModuleFiles` writes this plain
+  torch module's `policy.pt` and its shape in `config.json`, where a text run saves a Hugging Face model.
+  `--resume` takes a run or a checkpoint directory alike; `train.save_optimizer` acts as for text;
+- the monitors and their actions (`train/monitoring.py`): `after_step` runs the periodic eval and the
+  detectors over this loop's metric rows (with a learned reward, `monitor/proxy_mean` and `monitor/gold_mean`
+  feed `proxy_gold`), `stop` ends the run at the alert's step, `rollback` is the text loop's `roll_back` to the
+  latest checkpoint (the policy with its value heads and the optimizer; here the multiplier too, as a text
+  objective reloads its own), re-arming the detectors and turning into a stop after `max_rollbacks`;
+- the metrics sink and the report and plot of the run path (`train/run.py` runs this as a whole-run entry),
+  and, with control.preferences.labels_from = "app", the labelling app and the online loop's `LabelQueue`
+  (control/app_labels.py).
+
+Not shared: `raise_kl` (control PPO has no KL term or frozen reference, so a control recipe cannot ask for
+it), and the step itself. One step function for both loops would need (a) the control rollout as a `Batch`
+behind the `Collector` contract (`episodes/contracts.py`), whose rows are token sequences (prompt and
+completion ids and masks, texts, verdicts) and whose collect step takes the text loop's two streams (prompts,
+samples), where a control rollout is (T, E) environment steps with terminations, truncations and bootstrap
+values, drawn with one generator that also shuffles the minibatches; (b) the `Objective` contract generalised
+past `PreTrainedModel` and token tensors: its `prepare` gets a no-grad pass over the batch's token rows and the
+frozen reference's log-probs, its `loss` a micro-batch's token tensors with token-count normalisers; a control
+objective (GAE and the multiplier over the (T, E) rollout in `prepare`, the PPO loss over flat environment
+steps in `loss`) fits the shape of that contract but not its types; (c) the text loop's machinery made
+optional per task kind (the frozen reference, `train.precision` autocast, micro-batches, `torchrun` ranks and
+sharding, Ray and vLLM collectors, probe prompts, transcripts, staleness); and (d) this loop's own choices kept,
+to leave its results unchanged: a permutation drawn every epoch even with one minibatch, Adam with eps 1e-5
+(the text loop uses fused AdamW), the learning rate annealed linearly to 0, the labelling rounds inside the
+step. That is a change to every objective and collector, not a wrapper over the two loops; until it is made,
+the two loops share everything after the update (steps 6 and 7 and the checkpoint) by calling the same
+functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +61,7 @@ import torch
 from feedbackrl.algos.constrained import combined_advantages
 from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import ConfigError, ConstraintConfig, ControlPPOConfig, RunConfig
+from feedbackrl.control.assist import run_recipe
 from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
@@ -40,9 +69,17 @@ from feedbackrl.control.rollout import Collector, Rollout, minibatch_indices, ro
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.monitors.report import alerts_section
-from feedbackrl.train.constraint import Multiplier
-
-STATE_FILE, CONFIG_FILE, MODEL_CONFIG = "trainer_state.pt", "run_config.json", "config.json"
+from feedbackrl.train.checkpoint import (
+    CONFIG_FILE,
+    MODEL_CONFIG,
+    ModuleFiles,
+    latest_checkpoint,
+    load_extra,
+    restore,
+    save_checkpoint,
+)
+from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier
+from feedbackrl.train.monitoring import after_step, roll_back
 
 
 def _cost_fn(name: str) -> CostFn | None:
@@ -100,7 +137,7 @@ def load_checkpoint(ckpt: Path) -> tuple[ActorCritic, RunConfig]:
                                     if saved.get(k) is not None})
     m = json.loads((ckpt / MODEL_CONFIG).read_text())
     policy = ActorCritic(m["obs_dim"], m["action_dim"], m["discrete"], m["hidden"], value_heads=m["value_heads"])
-    policy.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=False)["policy"])
+    policy.load_state_dict(ModuleFiles(policy, m).load_weights(ckpt))
     return policy.eval(), cfg
 
 
@@ -148,30 +185,6 @@ def ppo_update(policy: ActorCritic, optimizer: torch.optim.Optimizer, ro: Rollou
     return totals
 
 
-def _save(out_dir: Path, step: int, cfg: RunConfig, state: dict[str, Any], model_config: dict[str, Any]) -> Path:
-    """checkpoints/step_N/ written atomically (a temp dir, then a rename), like the text loops' checkpoints."""
-    final = out_dir / "checkpoints" / f"step_{step:06d}"
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / STATE_FILE)
-    (tmp / CONFIG_FILE).write_text(cfg.model_dump_json(indent=2))
-    (tmp / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
-
-
-def _monitor_step(monitor: Monitor, step: int, metrics: dict[str, Any]) -> bool:
-    """The monitors over this update's metrics (the same detectors as a text run; a control step has no
-    completions, so the text detectors see none and stay quiet) -> whether an alert asks to stop."""
-    decision = monitor.after_step(step, _NO_COMPLETIONS, metrics)
-    metrics.update(decision.metrics)
-    for alert in decision.alerts:
-        console.print(f"[yellow]monitor alert[/yellow] {alert.detector} at step {step}: {alert.message}")
-    return decision.stop
-
-
 class _NoCompletions:
     """A control update as a monitor's batch: no completions (its statistics come in the metrics row)."""
 
@@ -187,8 +200,6 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     """Train a control policy with PPO (docs/control.md); -> the report's control section. With
     `[control.assist]`, PPO beside a simulated expert's demonstrations and takeovers (`assist.run_recipe`)."""
     if cfg.control.assist is not None:
-        from feedbackrl.control.assist import run_recipe  # it imports this module: the checkpoint writer
-
         return run_recipe(cfg, out_dir, ckpt, sink)
     c, a, seed = cfg.control, cfg.algo, cfg.train.seed
     torch.manual_seed(seed)
@@ -215,25 +226,36 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                                 torch.Generator().manual_seed(seed + 1), ask) if c.reward == "preferences" else None
     multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
     monitor = Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
-    start, before = 0, None
+    files = ModuleFiles(policy, model_config)  # the checkpoints' policy files: policy.pt and config.json
+    rngs = {"generator": gen, **({"learner_generator": learner.generator} if learner is not None else {})}
+    start, before, last = 0, None, None
     if ckpt is not None:
-        state = torch.load(ckpt / STATE_FILE, weights_only=False)  # our own checkpoint: env states are pickled
-        policy.load_state_dict(state["policy"])
-        optimizer.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        collector.load_state_dict(state["collector"])
+        policy.load_state_dict(files.load_weights(ckpt))
+        saved = restore(ckpt, optimizer, rngs)
+        collector.load_state_dict(saved.loop_state["collector"])  # the environments mid-episode
         if learner is not None:
-            learner.load_state_dict(state["learner"])
-            learner.generator.set_state(state["learner_generator"])
+            learner.load_state_dict(saved.loop_state["learner"])
         if multiplier is not None:
-            multiplier.load_state_dict(state["multiplier"])
-        start, before = state["step"], state["eval_before"]
+            multiplier.load_state_dict(load_extra(ckpt, CONSTRAINT_FILE))
+        start, before, last = saved.step, saved.loop_state["eval_before"], saved.loop_state["episode_means"]
     else:
         before = evaluate(policy, cfg, seed + 10_000)
         sink.log(0, {"phase": "eval", **before})
+
+    def checkpoint(step: int) -> None:  # the text loop's writer: train/checkpoint.py
+        loop_state = {"collector": collector.state_dict(), "eval_before": before, "episode_means": last,
+                      **({"learner": learner.state_dict()} if learner is not None else {})}
+        optimizer_state = optimizer.state_dict() if cfg.train.save_optimizer else None
+        save_checkpoint(out_dir, step, files, optimizer_state, rngs, cfg.model_dump_json(indent=2), loop_state,
+                        {CONSTRAINT_FILE: multiplier.state_dict()} if multiplier is not None else None)
+
+    def on_eval(step: int) -> dict[str, float]:
+        return evaluate(policy, cfg, seed + 10_000)
+
+    if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
+        checkpoint(start)  # something to roll back to before the first periodic checkpoint
     steps_per_update = c.num_envs * c.rollout_steps
-    t0, last = time.perf_counter(), None
+    t0, end = time.perf_counter(), a.steps
     with stack, progress() as bar:
         task = bar.add_task("control_ppo", total=a.steps, completed=start, info="")
         for step in range(start + 1, a.steps + 1):
@@ -267,33 +289,36 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
                 metrics.update(cstats)
             # 4. optimise
             metrics.update(ppo_update(policy, optimizer, ro, adv_w, returns, a, gen))
-            # 5. log, checkpoint
+            # 5. log
             metrics.update({"reward/mean": float(rewards.mean()), "reward/gold_mean": float(ro.rewards.mean()),
                             "cost/mean": float(ro.costs.mean()), "episodes": len(ro.episodes),
                             "perf/env_steps_per_s_rollout": steps_per_update / max(roll_s, 1e-9)})
             if ro.episodes:
                 last = _means(ro.episodes, "episode")
             metrics.update(last or {})
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < a.steps:
-                metrics.update(evaluate(policy, cfg, seed + 10_000))
-            stop = monitor is not None and _monitor_step(monitor, step, metrics)
+            # 6. periodic eval and the monitors, as in the text loop (train/monitoring.py); a control step has no
+            # completions, so the text detectors see none and stay quiet (no KL term: no algo/kl_coef)
+            decision = after_step(cfg, step, _NO_COMPLETIONS, metrics, monitor, on_eval, None)
             sink.log(step, metrics)
             bar.update(task, advance=1, info=f"return {metrics.get('episode/return', float('nan')):.1f}")
+            # 7. the recipe's actions on this step's alerts, the text loop's (a rolled-back step is not checkpointed)
+            if decision is not None and monitor is not None:
+                if decision.stop:
+                    end = step
+                    console.print(f"monitors stopped the run at step {step}: {decision.alerts[0].message}")
+                    break
+                if decision.rollback:
+                    back = roll_back(out_dir, files, policy, optimizer, monitor)  # the policy and its value heads
+                    if multiplier is not None:  # lambda as it was at that checkpoint
+                        multiplier.load_state_dict(load_extra(back, CONSTRAINT_FILE))
+                    continue
             every = cfg.train.checkpoint_every
-            if step == a.steps or stop or (every and step % every == 0):
-                state = {"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
-                         "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
-                         "collector": collector.state_dict(), "eval_before": before,
-                         "multiplier": multiplier.state_dict() if multiplier is not None else None}
-                if learner is not None:
-                    state["learner"] = learner.state_dict()
-                    state["learner_generator"] = learner.generator.get_state()
-                _save(out_dir, step, cfg, state, model_config)
-            if stop:
-                console.print(f"monitors stopped the run at step {step}: {monitor.alerts[-1].message}")
-                break
+            if every and step % every == 0 and step < a.steps:
+                checkpoint(step)
+    if start < a.steps:
+        checkpoint(end)
     train_s = time.perf_counter() - t0
-    last_step = step if a.steps > start else start
+    last_step = end if a.steps > start else start
     after = evaluate(policy, cfg, seed + 10_000)
     sink.log(last_step, {"phase": "eval", **after})
     collector.envs.close()

@@ -1,8 +1,12 @@
-"""Checkpoints that resume exactly: model (HF format), optimizer, every RNG, step, task state.
+"""Checkpoints that resume exactly, for every loop: the policy's files, optimizer, every RNG, step, loop state.
 
-Layout: `OUT/checkpoints/step_000042/` holds the model and tokenizer (`save_pretrained`, so it
-loads like any HF model, whose own `config.json` is the model config), `trainer_state.pt`
-(optimizer, RNG states, step, task state) and `run_config.json` (the resolved run config).
+Layout: `OUT/checkpoints/step_000042/` holds the policy's own files (`PolicyFiles`: a Hugging Face model and
+tokenizer saved with `save_pretrained`, whose own `config.json` is the model config, so it loads like any HF
+model; or a plain torch module's `policy.pt` beside a `config.json` of its shape), `trainer_state.pt` (step,
+optimizer, the global torch RNG, each of the loop's named RNG streams and the loop's own state: a text task's
+state, a control run's environments), one file per extra state of the algorithm (a value head, the multiplier)
+and `run_config.json` (the resolved run config). The text loop (`train/onpolicy.py`) and the control loop
+(`control/loop.py`) write and read their checkpoints here; only the policy's files differ between them.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.load import load_policy
@@ -26,45 +31,108 @@ from feedbackrl.scale.ranks import OneProcess, Ranks
 
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "run_config.json"  # not config.json: that name is the HF model config
+MODULE_FILE = "policy.pt"  # a plain torch policy's state dict (`ModuleFiles`)
+MODEL_CONFIG = "config.json"  # the policy's shape: a HF model's config, or what rebuilds a plain torch module
 REFERENCE_DIR = "reference"  # OUT/reference/: the policy as it was when RL started (KL anchor)
 REFERENCE_POINTER = "reference.json"  # or a pointer to the model directory that holds those weights
 _STEP_DIR = re.compile(r"step_(\d+)$")
+_SAVED = ("step", "optimizer", "torch_rng")  # in every trainer_state.pt, beside the loop's streams and state
+
+Rng = random.Random | torch.Generator
 
 
 class CheckpointError(ValueError):
     """A directory that is not a feedbackrl checkpoint (or a run with none to resume)."""
 
 
+class PolicyFiles(Protocol):
+    """The model-specific part of a checkpoint: the policy's own files in a checkpoint dir, and its weights read
+    back from one (a monitor's rollback, a resume)."""
+
+    def save(self, directory: Path) -> None: ...
+
+    def load_weights(self, ckpt: Path) -> dict[str, Tensor]: ...
+
+
+@dataclass
+class PretrainedFiles:
+    """A Hugging Face policy and its tokenizer, saved with `save_pretrained` (a LoRA model writes its adapter
+    only; its base is recorded by path)."""
+
+    model: Any  # None off rank 0 under torchrun, where nothing is written
+    tokenizer: Any
+
+    def save(self, directory: Path) -> None:
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+    def load_weights(self, ckpt: Path) -> dict[str, Tensor]:
+        return load_policy(str(ckpt)).state_dict()
+
+
+@dataclass
+class ModuleFiles:
+    """A plain torch module (a control policy): its state dict in `policy.pt`, and `config` (what rebuilds the
+    module: its shape) in `config.json`."""
+
+    module: nn.Module
+    config: dict[str, Any]
+
+    def save(self, directory: Path) -> None:
+        torch.save(self.module.state_dict(), directory / MODULE_FILE)
+        (directory / MODEL_CONFIG).write_text(json.dumps(self.config, indent=2))
+
+    def load_weights(self, ckpt: Path) -> dict[str, Tensor]:
+        if (ckpt / MODULE_FILE).is_file():
+            return torch.load(ckpt / MODULE_FILE, weights_only=True)
+        # control checkpoints written before policy.pt kept the weights in the trainer state
+        return torch.load(ckpt / STATE_FILE, weights_only=False)["policy"]
+
+
 @dataclass
 class TrainerState:
     step: int
     optimizer: dict[str, Any] | None  # None: saved without (train.save_optimizer = false)
-    prompt_rng: Any  # random.Random.getstate()
-    sample_rng: torch.Tensor  # torch.Generator.get_state()
     torch_rng: torch.Tensor
-    task_state: dict[str, Any] | None = None
+    rngs: dict[str, Any]  # each named RNG stream's saved state (random.Random.getstate(), Generator.get_state())
+    loop_state: dict[str, Any]  # the rest: the loop's own state (a text task's "task_state", a control collector)
 
 
-def save_checkpoint(out_dir: Path, model: Any, tokenizer: Any, optimizer_state: dict[str, Any] | None, step: int,
-                    prompt_rng: random.Random, sample_rng: torch.Generator, config_json: str,
-                    task_state: dict[str, Any] | None = None, extras: dict[str, Any] | None = None) -> Path:
+def _rng_state(rng: Rng) -> Any:
+    return rng.getstate() if isinstance(rng, random.Random) else rng.get_state()
+
+
+def _set_rng_state(rng: Rng, state: Any) -> None:
+    if isinstance(rng, random.Random):
+        rng.setstate(state)
+    else:
+        rng.set_state(state)
+
+
+def save_checkpoint(out_dir: Path, step: int, policy: PolicyFiles, optimizer_state: dict[str, Any] | None,
+                    rngs: dict[str, Rng], config_json: str, loop_state: dict[str, Any] | None = None,
+                    extras: dict[str, Any] | None = None) -> Path:
     """Write atomically: into a temp dir, then rename, so a crash never leaves half a checkpoint.
 
-    `extras` maps file names to state dicts the algorithm needs besides the policy (PPO's value head).
-    A LoRA model writes its adapter only (its base is recorded by path). `optimizer_state` is the optimizer's
-    `state_dict()`; None leaves it out (`train.save_optimizer = false`: for a 135M model 1 GB of the 1.6 GB).
+    `policy` writes the model's own files. `optimizer_state` is the optimizer's `state_dict()`; None leaves it
+    out (`train.save_optimizer = false`: for a 135M model 1 GB of the 1.6 GB). `rngs`: the loop's RNG streams by
+    name (the global torch RNG is always saved); `loop_state`: the loop's other state by name, pickled into
+    trainer_state.pt with them. `extras` maps file names to state dicts the algorithm needs besides the policy
+    (PPO's value head, the multiplier), one file each, read back with `load_extra`.
     """
+    state = loop_state or {}
+    clash = sorted(set(_SAVED) & set(rngs) | set(_SAVED) & set(state) | set(rngs) & set(state))
+    if clash:
+        raise ValueError(f"save_checkpoint: {clash} named twice among the trainer state's entries")
     final = Path(out_dir) / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, "optimizer": optimizer_state,
-                "prompt_rng": prompt_rng.getstate(), "sample_rng": sample_rng.get_state(),
-                "torch_rng": torch.get_rng_state(), "task_state": task_state}, tmp / STATE_FILE)
-    for name, state in (extras or {}).items():
-        torch.save(state, tmp / name)
+    policy.save(tmp)
+    torch.save({"step": step, "optimizer": optimizer_state, "torch_rng": torch.get_rng_state(),
+                **{name: _rng_state(rng) for name, rng in rngs.items()}, **state}, tmp / STATE_FILE)
+    for name, extra in (extras or {}).items():
+        torch.save(extra, tmp / name)
     (tmp / CONFIG_FILE).write_text(config_json)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -99,39 +167,40 @@ def resolve_resume(path: str | Path) -> Path:
     return latest
 
 
-def load_trainer_state(ckpt: Path) -> TrainerState:
+def load_trainer_state(ckpt: Path, rngs: Iterable[str] = ()) -> TrainerState:
+    """`ckpt`'s trainer_state.pt; `rngs`: the names of the RNG streams it must hold."""
     try:
         raw = torch.load(ckpt / STATE_FILE, weights_only=False)
     except Exception as e:  # corrupt or foreign file: say which
         raise CheckpointError(f"{ckpt / STATE_FILE} could not be read: {e}") from e
-    missing = {"step", "optimizer", "prompt_rng", "sample_rng", "torch_rng"} - set(raw)
+    names = list(rngs)
+    missing = (set(_SAVED) | set(names)) - set(raw)
     if missing:
-        raise CheckpointError(f"{ckpt / STATE_FILE} lacks {sorted(missing)}: not a feedbackrl checkpoint")
-    return TrainerState(raw["step"], raw["optimizer"], raw["prompt_rng"], raw["sample_rng"], raw["torch_rng"],
-                        raw.get("task_state"))
+        raise CheckpointError(f"{ckpt / STATE_FILE} lacks {sorted(missing)}: not a feedbackrl checkpoint of this "
+                              "loop")
+    return TrainerState(raw["step"], raw["optimizer"], raw["torch_rng"], {n: raw[n] for n in names},
+                        {k: v for k, v in raw.items() if k not in _SAVED and k not in names})
 
 
 def read_config_json(ckpt: Path) -> dict[str, Any]:
     return json.loads((ckpt / CONFIG_FILE).read_text())
 
 
-def restore(ckpt: Path, optimizer: torch.optim.Optimizer, prompt_rng: random.Random, sample_rng: torch.Generator,
-            task: Any, load_optimizer: Callable[[dict[str, Any]], None] | None = None) -> int:
-    """Put an on-policy loop back where `ckpt` left it (optimizer, RNG streams, task state); -> its step.
-    `load_optimizer` puts the saved optimizer state in (default `optimizer.load_state_dict`; a sharded
-    learner's ranks each keep their shard of it)."""
-    state = load_trainer_state(ckpt)
+def restore(ckpt: Path, optimizer: torch.optim.Optimizer, rngs: dict[str, Rng],
+            load_optimizer: Callable[[dict[str, Any]], None] | None = None) -> TrainerState:
+    """Put a loop back where `ckpt` left it: the optimizer, the global torch RNG and each of `rngs` (the loop's
+    streams by name); -> the saved state, for its step and the loop's own state. `load_optimizer` puts the saved
+    optimizer state in (default `optimizer.load_state_dict`; a sharded learner's ranks each keep their shard)."""
+    state = load_trainer_state(ckpt, rngs)
     if state.optimizer is not None:
         (load_optimizer or optimizer.load_state_dict)(state.optimizer)
     else:  # saved with train.save_optimizer = false
         warnings.warn(f"{ckpt} has no optimizer state (train.save_optimizer = false): AdamW restarts from zero "
                       "moments, so the resumed run is not exact", stacklevel=2)
-    prompt_rng.setstate(state.prompt_rng)
-    sample_rng.set_state(state.sample_rng)
+    for name, rng in rngs.items():
+        _set_rng_state(rng, state.rngs[name])
     torch.set_rng_state(state.torch_rng)
-    if state.task_state is not None:
-        task.load_state_dict(state.task_state)
-    return state.step
+    return state
 
 
 def load_extra(ckpt: Path, name: str) -> Any:

@@ -11,7 +11,9 @@ batch, the loss of a micro-batch, the modules it trains beside the policy (a val
 checkpoints. Each objective declares its `Capabilities` next to it; a recipe that needs one it lacks is refused
 before any work (`check_capabilities`), naming the setting.
 
-All maths lives in `feedbackrl.algos`; this file and the objectives only wire it.
+All maths lives in `feedbackrl.algos`; this file and the objectives only wire it. The checkpoint writer
+(`train/checkpoint.py`) and the monitors' check and actions (`train/monitoring.py`) are the control loop's too
+(`control/loop.py`, whose docstring says what else one loop for both would need).
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ from feedbackrl.models.lora import adapters_disabled, is_lora
 from feedbackrl.models.policy import train_autocast
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.scale.ranks import OneProcess, Ranks
-from feedbackrl.train.checkpoint import frozen_reference, latest_checkpoint, load_extra, restore, save_checkpoint
+from feedbackrl.train.checkpoint import (
+    PretrainedFiles,
+    frozen_reference,
+    latest_checkpoint,
+    load_extra,
+    restore,
+    save_checkpoint,
+)
 from feedbackrl.train.context import Run
 from feedbackrl.train.monitoring import after_step, live_monitor, roll_back
 from feedbackrl.train.optim import adamw
@@ -207,10 +216,14 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     # constraint.probe_prompts: drawn from the task in its initial state, before a resume restores its state
     probe = ProbeSet.draw(task, cfg.constraint, cfg.train.seed) if probing and cfg.constraint is not None else None
+    rngs = {"prompt_rng": prompt_rng, "sample_rng": sample_rng}
     start = 0
     if resume_from is not None:
-        start = restore(resume_from, optimizer, prompt_rng, sample_rng, task,
+        saved = restore(resume_from, optimizer, rngs,
                         load_optimizer=functools.partial(ranks.load_optimizer_state, model, optimizer))
+        start = saved.step
+        if saved.loop_state.get("task_state") is not None:
+            task.load_state_dict(saved.loop_state["task_state"])
         objective.load_state_dict(resume_from)  # value heads, the multiplier
         if probe is not None:
             probe.load_state_dict(load_extra(resume_from, PROBE_FILE))
@@ -237,8 +250,8 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
         whole = ranks.full_model(model)  # a sharded policy's ranks all take part in gathering it to rank 0
         state = ranks.full_optimizer_state(model, optimizer) if cfg.train.save_optimizer else None
         if ranks.main:
-            save_checkpoint(out_dir, whole, tokenizer, state, step, prompt_rng, sample_rng,
-                            cfg.model_dump_json(indent=2), task.state_dict(), extras())
+            save_checkpoint(out_dir, step, PretrainedFiles(whole, tokenizer), state, rngs,
+                            cfg.model_dump_json(indent=2), {"task_state": task.state_dict()}, extras())
 
     def checkpoint_after(step: int) -> bool:
         every = cfg.train.checkpoint_every
@@ -335,11 +348,10 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
                 if decision.raise_kl:
                     kl_coef = monitor.raised_kl(kl_coef)
                 if decision.rollback:
-                    back_to, ckpt = roll_back(out_dir, model, optimizer, ranks)
+                    ckpt = roll_back(out_dir, PretrainedFiles(model, tokenizer), model, optimizer, monitor, ranks)
                     objective.load_state_dict(ckpt)  # value heads and lambda as they were at that checkpoint
                     if probe is not None:  # the probes' cycle too (not its RNG, as the loop's RNGs)
                         probe.load_state_dict(load_extra(ckpt, PROBE_FILE), generator=False)
-                    monitor.rolled_back(back_to)
                     collector.update(model, done)  # the workers sample from the rolled-back weights
                     continue
             if cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0:
