@@ -8,8 +8,9 @@ EOS, every token real), random completion tokens (the training step's cost does 
 the on-policy loop's for one epoch and one minibatch: `GroupRelative.loss` (the training forward through
 `sequence_logprobs` with entropy, the clipped policy-gradient loss, token-mean), backward, grad-norm clip, fused
 AdamW, zero_grad. Each phase is timed alone (median of `--repeats` after one warm-up, wall and CPU seconds); then
-one whole step runs under `torch.profiler` (self CPU time per op, the top `--top` ops). `--precision bf16` runs
-the step under the loop's autocast. Prints the instruction set; `--out` writes JSON with provenance.
+one whole step runs under `torch.profiler` (self CPU time per op, the top `--top` ops), and the step's matmul
+shapes are timed alone in float32 and bfloat16 (GFLOP/s). `--precision bf16` runs the step under the loop's
+autocast. Prints the instruction set; `--out` writes JSON with provenance.
 """
 
 from __future__ import annotations
@@ -51,6 +52,30 @@ def timed(fn: Any, repeats: int) -> dict[str, float]:
         wall.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu)}
+
+
+def matmul_table(cfg: Any, rows: int, repeats: int) -> list[dict[str, Any]]:
+    """The training step's matmul shapes (M = `rows`: its completion tokens) timed alone, float32 and bfloat16
+    operands (CPU seconds, best of `repeats` after a warm-up): how near this CPU's matmul rate the step runs."""
+    c, inter = cfg.hidden_size, cfg.intermediate_size
+    d = getattr(cfg, "head_dim", None) or c // cfg.num_attention_heads
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    gen = torch.Generator().manual_seed(0)
+    table = []
+    for name, k, n in (("qkv", c, qkv), ("gate/up", c, inter), ("down", inter, c), ("lm_head", c, cfg.vocab_size)):
+        rates = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            x, w = torch.randn(rows, k, generator=gen).to(dtype), torch.randn(n, k, generator=gen).to(dtype)
+            torch.mm(x, w.t())
+            best = float("inf")
+            for _ in range(repeats):
+                c0 = time.process_time()
+                torch.mm(x, w.t())
+                best = min(best, time.process_time() - c0)
+            rates[dtype] = 2 * rows * k * n / best / 1e9
+        table.append({"shape": f"{name} ({rows} x {k}) @ ({k} x {n})", "fp32_gflop_s": rates[torch.float32],
+                      "bf16_gflop_s": rates[torch.bfloat16]})
+    return table
 
 
 def main() -> None:
@@ -146,6 +171,9 @@ def main() -> None:
     out["ops"] = [{"op": k, "self_ms": v / 1e3, "share": v / total, "calls": c} for k, v, c in ev[: args.top]]
     for o in out["ops"]:
         print(f"  {o['op']:<45} {o['self_ms']:9.1f} ms {100 * o['share']:5.1f}%  x{o['calls']}")
+    out["matmuls"] = matmul_table(model.config, int(batch[3].numel()), args.repeats)
+    for m in out["matmuls"]:
+        print(f"  {m['shape']}: fp32 {m['fp32_gflop_s']:.1f} GFLOP/s, bf16 {m['bf16_gflop_s']:.1f} GFLOP/s [{isa}]")
     out["load_at_end"] = load_average()
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
