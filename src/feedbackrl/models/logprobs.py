@@ -184,9 +184,12 @@ class _TokenLogprobs(torch.autograd.Function):
             r = blk.shape[0]
             z = blk.float() if temperature == 1.0 else blk.float() / temperature
             gb = g[a : a + r, None]
-            p = torch.sub(z, lse[a : a + r, None]).exp_().mul_(gb.neg())  # -g p
+            # float32 logits: p is built in the gradient buffer itself, no copy
+            p = grad_flat[a : a + r] if grad.dtype == torch.float32 else torch.empty_like(z)
+            torch.sub(z, lse[a : a + r, None], out=p).exp_().mul_(gb.neg())  # -g p
             p.scatter_add_(-1, flat_ids[a : a + r, None], gb)  # + g onehot(id)
-            grad_flat[a : a + r] = p
+            if p.data_ptr() != grad_flat[a : a + r].data_ptr():
+                grad_flat[a : a + r] = p
         return grad, None, None, None, None
 
 
