@@ -1,7 +1,7 @@
 """The GRPO training step (no rollout) with the training forward of two source trees, alternating in one process.
 
-    git worktree add /tmp/before <commit>
-    python benchmarks/ab_train_step.py --before /tmp/before --model smollm2 --threads 1 --length 16 --repeats 4 \
+    git worktree add ../before <commit>
+    python benchmarks/ab_train_step.py --before ../before --model smollm2 --threads 1 --length 16 --repeats 4 \
         [--out benchmarks/results/NAME.json]
 
 The batch and the step are `profile_train_step.py`'s (8 prompts x 8 completions of `--length` tokens; loss,
