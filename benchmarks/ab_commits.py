@@ -1,8 +1,8 @@
 """A GRPO step of feedbackrl at two source trees, in lock-step: did a change make training slower?
 
     git worktree add /tmp/before <commit>
-    python benchmarks/ab_commits.py --before /tmp/before --after . [--model tiny|small] [--length 16] \
-        [--out benchmarks/results/NAME.json]
+    python benchmarks/ab_commits.py --before /tmp/before --after . [--model tiny|small|smollm2|DIR] [--length 16] \
+        [--rollout-weights fp32|int8|bf16] [--out benchmarks/results/NAME.json]
 
 Two bench_grpo.py workers (each tree's own script, its sources first on PYTHONPATH) take turns step
 by step exactly as run.py's feedbackrl-vs-TRL rows do, so machine load hits both alike. Prints the
@@ -27,7 +27,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", type=Path, required=True, help="checkout of the earlier commit")
     ap.add_argument("--after", type=Path, default=HERE.parent, help="checkout of the later commit")
-    ap.add_argument("--model", choices=["tiny", "small"], default="tiny")
+    ap.add_argument("--model", default="tiny",
+                    help="tiny or small (the benchmark's random Llamas), or a model dir, .gguf file or packaged name")
+    ap.add_argument("--rollout-weights", choices=["fp32", "int8", "bf16"], default="fp32",
+                    help="both sides' rollout.weights (training stays fp32)")
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timed", type=int, default=10)
@@ -36,19 +39,29 @@ def main() -> None:
     args = ap.parse_args()
     steps = args.warmup + args.timed
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        model = ensure_model(Path(tmp), args.model)
+        if args.model in ("tiny", "small"):
+            model = ensure_model(Path(tmp), args.model)
+        else:
+            from feedbackrl.models.load import resolve_model_path
+
+            model = Path(resolve_model_path(args.model))
         workers = [LockStepWorker("feedbackrl", model, args.length, steps, args.threads,
                                   stack.enter_context(open(Path(tmp) / f"{name}.log", "w")), tree=tree.resolve(),
-                                  name=name)
+                                  name=name, rollout_weights=args.rollout_weights)
                    for name, tree in (("before", args.before), ("after", args.after))]
         stack.callback(_stop, workers)
         out, loads = alternate(workers, steps)
     step_s = {k: [r["step_s"] for r in v["steps"][args.warmup:]] for k, v in out.items()}
+    cpu_s = {k: [r["cpu_s"] for r in v["steps"][args.warmup:]] for k, v in out.items()}
     med = {k: statistics.median(v) for k, v in step_s.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu_s.items()}
     per_step = [b / a for b, a in zip(step_s["before"], step_s["after"], strict=True)]
     commits = {name: commit(tree) for name, tree in (("before", args.before), ("after", args.after))}
     result = {"model": args.model, "length": args.length, "threads": args.threads, "commits": commits,
-              "median_step_s": med, "before_over_after": med["before"] / med["after"],
+              "rollout_weights": args.rollout_weights, "median_step_s": med,
+              "before_over_after": med["before"] / med["after"],
+              "median_cpu_s": med_cpu, "cpu_before_over_after": med_cpu["before"] / med_cpu["after"],
+              "steps": {k: v["steps"] for k, v in out.items()},
               "per_step_ratio": summarize(per_step), "load_1min": summarize(loads)}
     print(json.dumps(result, indent=2))
     if args.out is not None:
@@ -56,8 +69,11 @@ def main() -> None:
 
 
 def commit(tree: Path) -> str:
-    """The checkout's commit (and "+dirty" when it has uncommitted changes to tracked files)."""
+    """The checkout's commit (and "+dirty" when it has uncommitted changes to tracked files); for a tree that is
+    not a checkout (a `git archive` of a commit), its directory's name."""
     head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return tree.resolve().name
     dirty = subprocess.run(["git", "-C", str(tree), "diff", "--quiet", "HEAD"], capture_output=True).returncode
     return head.stdout.strip() + ("+dirty" if dirty else "")
 

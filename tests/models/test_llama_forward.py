@@ -182,3 +182,11 @@ def test_dropout_checkpointing_and_hooks_take_the_hf_forward(tokenizer):
     # transformers 5.2x renamed gradient_checkpointing_enable (older 5.x have only that name)
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     assert not train_fast_path_ok(model), "checkpointing trades time for memory on purpose"
+
+
+@pytest.mark.parametrize("sharing", ["shared", "distinct"])
+def test_one_token_completions_run_the_prompts_only_and_agree(sharing, peaked_lm, tokenizer, monkeypatch):
+    """The trunk runs every position but the last: with T = 1 that is the prompt alone (no completion segment)."""
+    p_ids, p_mask = encode_prompts(tokenizer, SHARING[sharing])
+    c_ids = torch.randint(4, len(tokenizer), (len(p_ids), 1), generator=torch.Generator().manual_seed(3))
+    _compare(peaked_lm.train(), (p_ids, p_mask, c_ids, torch.ones_like(c_ids)), monkeypatch)

@@ -28,7 +28,10 @@ in its own zero-filled full-size buffer.) Here:
   gate and up gradients apart, each contiguous (on the tiny model MKL computes their weight
   gradients ~1.6x faster than from the strided halves of one (M, 2I) buffer);
 - residuals are added by `addmm`;
-- the LM head runs on the T positions that predict completion tokens only;
+- the LM head runs on the T positions that predict completion tokens only, and the final norm's weight
+  scales those rows rather than being folded into the (V, C) head;
+- the last token of each row, which predicts nothing and which no other position attends to, does
+  not run through the trunk;
 - rows with the same prompt (a GRPO group of G samples, a DPO pair) run its positions once and
   their completions attend to that one copy (`shared_prompts`): on the benchmark's GRPO batch
   (8 prompts x 8, 6 + 16 tokens) that is 24% fewer rows through every matmul.
@@ -225,10 +228,16 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
     attend to one copy of its keys and values, and autograd sums the gradient each completion sends
     back into that copy. The same maths as one forward per row, with (G - 1) / G fewer prompt
     positions through every matmul; float rounding only differs.
+
+    The last token of each row predicts nothing and, under causal attention, no other position sees it: the
+    trunk runs without it (1 / (P + T) fewer rows through every matmul, the same logits).
     """
     cfg, inner = model.config, model.model
     n, s = ids.shape
-    p = s - t
+    p, t_out = s - t, t
+    if t > 0:  # the trunk's rows: every position but the last (t: the completion positions it runs)
+        s, t = s - 1, t - 1
+        ids, mask, pos = ids[:, :s], mask[:, :s], pos[:, :s]
     h, hk = cfg.num_attention_heads, cfg.num_key_value_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
     eps, half = cfg.rms_norm_eps, d // 2
@@ -236,7 +245,7 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
     shared = shared_prompts(ids, mask, p) if t > 0 else None
     if shared is None:  # one segment: every row, every position
         shapes, rows_ids, rows_pos = ((n, s),), ids.reshape(-1), pos
-    else:  # two segments: the U distinct prompts (U, P), then every row's completion (N, T)
+    else:  # two segments: the U distinct prompts (U, P), then every row's completion but its last token (N, T - 1)
         first, inverse = shared
         shapes = ((first.shape[0], p), (n, t))
         rows_ids = torch.cat([ids[first, :p].reshape(-1), ids[:, p:].reshape(-1)])
@@ -270,13 +279,14 @@ def completion_logits(model: PreTrainedModel, ids: Tensor, mask: Tensor, pos: Te
         w_norm = layer.post_attention_layernorm.weight
         x = _GatedMLP.apply(_RMSNorm.apply(x, eps), x, mlp.gate_proj.weight * w_norm, mlp.up_proj.weight * w_norm,
                             mlp.down_proj.weight, mlp.gate_proj.bias, mlp.up_proj.bias, mlp.down_proj.bias)
-    # the positions that predict completion tokens: the last prompt position, then all but the last completion one
+    # the positions that predict completion tokens: the last prompt position, then every completion one run
     if shared is None:
-        x = x.view(n, s, -1)[:, s - t - 1 : s - 1].reshape(n * t, x.shape[-1])
+        x = x.view(n, s, -1)[:, s - t_out :].reshape(n * t_out, x.shape[-1])
     else:
         u = first.shape[0]
         last_prompt = x[: u * p].view(u, p, -1)[:, -1][inverse]  # (N, C)
-        x = torch.cat([last_prompt[:, None], x[u * p :].view(n, t, -1)[:, :-1]], 1).reshape(n * t, -1)
+        x = torch.cat([last_prompt[:, None], x[u * p :].view(n, t, -1)], 1).reshape(n * t_out, -1)
     head: nn.Linear = model.get_output_embeddings()
-    logits = _Linear.apply(_RMSNorm.apply(x, eps), head.weight * inner.norm.weight, None, None)
-    return logits.view(n, t, logits.shape[-1])
+    # the final norm's weight scales the (N T, C) rows, not the (V, C) head: a V / (N T) times smaller op
+    logits = _Linear.apply(_RMSNorm.apply(x, eps) * inner.norm.weight, head.weight, None, None)
+    return logits.view(n, t_out, logits.shape[-1])

@@ -9,10 +9,10 @@ model's encoder) gets its log-probs from `sequence_logprobs`; generation lives i
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.models.llama_forward import completion_logits
@@ -121,38 +121,92 @@ def sequence_logprobs(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: T
     return token_logprobs(logits, completion_ids, completion_mask, temperature, with_entropy)
 
 
-LOGPROB_CHUNK_ROWS = 8  # sequences per log-softmax chunk: (8, T, V) floats at a time instead of (N, T, V)
+LOGPROB_BLOCK_ROWS = 8  # positions per block of the fused log-softmax: (8, V) floats, resident in cache
 
 
-def _chunk_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
-    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
+def _row_blocks(x: Tensor, block: int) -> list[tuple[int, Tensor]]:
+    """(first flat row, a (r, V) view) covering every position of `x` (..., V) in order, `block` rows at most each:
+    views into `x` itself, also when `x` is a slice along T of a larger tensor (HF's logits[:, -T-1:-1])."""
+    v = x.shape[-1]
+    if x.is_contiguous():
+        flat = x.view(-1, v)
+        return [(a, flat[a : a + block]) for a in range(0, flat.shape[0], block)]
+    seqs = x.reshape(-1, *x.shape[-2:]) if x.dim() > 2 else x[None]
+    t = seqs.shape[1]
+    return [(n * t + a, seqs[n][a : a + block]) for n in range(seqs.shape[0]) for a in range(0, t, block)]
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """logits (..., V), ids (...) -> log softmax(logits / temperature)[id] (...) and the entropy of that
+    distribution (...; not differentiable), in one pass over the logits per block of positions.
+
+    Per block of `block` positions (resident in cache): z = logits / temperature, m = max z,
+    s = exp(z - m), S = sum s, lse = m + log S; the log-prob is z[id] - lse and the entropy
+    lse - sum(s z) / S. Only lse (one float per position) is saved; the backward rebuilds
+    p = exp(z - lse) block by block into the gradient buffer, where d logp / d z = onehot(id) - p.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, ids: Tensor, temperature: float, with_entropy: bool,
+                block: int) -> tuple[Tensor, Tensor]:
+        flat_ids = ids.reshape(-1)
+        n = flat_ids.shape[0]
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lp = torch.empty(n, dtype=torch.float32, device=logits.device)
+        ent = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=logits.device)
+        for a, blk in _row_blocks(logits, block):
+            r = blk.shape[0]
+            z = blk.float() if temperature == 1.0 else blk.float() / temperature
+            m = z.amax(-1, keepdim=True)
+            s = torch.sub(z, m).exp_()
+            total = s.sum(-1)
+            out = lse[a : a + r]
+            torch.add(m.squeeze(-1), total.log(), out=out)
+            torch.sub(z.gather(-1, flat_ids[a : a + r, None]).squeeze(-1), out, out=lp[a : a + r])
+            if with_entropy:
+                torch.sub(out, torch.linalg.vecdot(s, z).div_(total), out=ent[a : a + r])
+        ctx.save_for_backward(logits, flat_ids, lse)
+        ctx.temperature, ctx.block = temperature, block
+        ent = ent.view(ids.shape) if with_entropy else ent
+        ctx.mark_non_differentiable(ent)
+        return lp.view(ids.shape), ent
+
+    @staticmethod
+    def backward(ctx: Any, grad_lp: Tensor, grad_ent: Tensor) -> tuple[Tensor | None, ...]:
+        logits, flat_ids, lse = ctx.saved_tensors
+        temperature, v = ctx.temperature, logits.shape[-1]
+        g = grad_lp.reshape(-1).float()
+        if temperature != 1.0:
+            g = g / temperature
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        grad_flat = grad.view(-1, v)
+        for a, blk in _row_blocks(logits, ctx.block):
+            r = blk.shape[0]
+            z = blk.float() if temperature == 1.0 else blk.float() / temperature
+            gb = g[a : a + r, None]
+            # float32 logits: p is built in the gradient buffer itself, no copy
+            p = grad_flat[a : a + r] if grad.dtype == torch.float32 else torch.empty_like(z)
+            torch.sub(z, lse[a : a + r, None], out=p).exp_().mul_(gb.neg())  # -g p
+            p.scatter_add_(-1, flat_ids[a : a + r, None], gb)  # + g onehot(id)
+            if p.data_ptr() != grad_flat[a : a + r].data_ptr():
+                grad_flat[a : a + r] = p
+        return grad, None, None, None, None
 
 
 def token_logprobs(logits: Tensor, ids: Tensor, mask: Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False, chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[Tensor, Tensor | None]:
+                   with_entropy: bool = False, block_rows: int = LOGPROB_BLOCK_ROWS) -> tuple[Tensor, Tensor | None]:
     """(N, T, V) logits of the positions that predict `ids` (N, T) -> the log-prob of each token under the
     tempered distribution (N, T), 0 where `mask` is 0, and that distribution's entropy (N, T) when asked.
 
     The one place log-probs are taken from logits for training (`sequence_logprobs`, PPO's
     `logprobs_and_values`); sampling takes them in `rollout.generate`, from the same tempered logits.
 
-    The log-softmax runs `chunk_rows` sequences at a time, each chunk under activation checkpointing, so
-    neither the forward nor the backward holds a second (N, T, V) tensor beside the logits (with a 49k
-    vocabulary that tensor is most of a step's memory). Rows are independent: the values are those of one
-    log-softmax over the whole batch, bit for bit.
+    One fused pass (`_TokenLogprobs`) per block of `block_rows` positions gives the log-prob and the entropy
+    together, and the backward writes the logits' gradient from the saved log-normaliser: neither pass holds a
+    second (N, T, V) tensor beside the logits and their gradient (with a 49k vocabulary that tensor is most of
+    a step's memory), and each block's passes over the vocabulary run in cache. The same values as
+    `log_softmax(logits / temperature).gather(ids)` up to float32 rounding (tests/models/test_token_logprobs.py).
     """
-    if logits.shape[0] <= chunk_rows:
-        parts = [_chunk_logprobs(logits, ids, temperature)]
-    else:
-        parts = [checkpoint(_chunk_logprobs, lg, i, temperature, use_reentrant=False) if lg.requires_grad
-                 else _chunk_logprobs(lg, i, temperature)
-                 for lg, i in zip(logits.split(chunk_rows), ids.split(chunk_rows), strict=True)]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            ents = []
-            for lg in logits.split(chunk_rows):
-                logp = torch.log_softmax(lg.float() / temperature, dim=-1)
-                ents.append(-(logp.exp() * logp).sum(-1))
-            entropy = torch.cat(ents) * mask
-    return torch.cat(parts) * mask, entropy
+    lp, ent = _TokenLogprobs.apply(logits, ids, float(temperature), with_entropy, block_rows)
+    mask = mask.to(lp.dtype)
+    return lp * mask, (ent * mask if with_entropy else None)
