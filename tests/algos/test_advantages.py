@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from feedbackrl.algos.advantages import group_advantages
+from feedbackrl.algos.advantages import group_advantages, rows_with_signal
 
 
 def test_two_groups_hand_computed_with_unbiased_std():
@@ -71,3 +71,13 @@ def test_permuting_groups_permutes_advantages(scale):
     inner = torch.randperm(g, generator=gen)  # shuffling inside a group shuffles its advantages
     within = group_advantages(rewards.view(b, g)[:, inner].reshape(-1), g, scale=scale).view(b, g)
     torch.testing.assert_close(within, adv[:, inner])
+
+
+def test_rows_with_signal_marks_rows_with_a_nonzero_advantage():
+    # two groups of 3: all wrong (advantage 0 exactly) and one right of three
+    adv = group_advantages(torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0]), 3)
+    assert rows_with_signal(adv).tolist() == [False, False, False, True, True, True]
+    per_token = torch.tensor([[0.0, 0.0], [0.0, -0.5], [0.0, 0.0]])  # (N, T): a row counts if any token does
+    assert rows_with_signal(per_token).tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="advantages must be"):
+        rows_with_signal(torch.zeros(2, 2, 2))

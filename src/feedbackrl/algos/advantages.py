@@ -30,3 +30,16 @@ def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: 
         std = r.std(dim=1, keepdim=True) if group_size > 1 else r.new_zeros(r.shape[0], 1)
         adv = adv / (std + eps)
     return adv.reshape(-1)
+
+
+def rows_with_signal(advantages: Tensor) -> Tensor:
+    """(N,) or (N, T) advantages -> (N,) bool: the rows with a nonzero advantage (on some token).
+
+    A row whose advantage is exactly 0 everywhere (its group all right or all wrong) adds nothing to a
+    policy-gradient loss and has no gradient through it; with no other term in the loss (no KL penalty) its
+    forward and backward can be skipped without changing the gradient.
+    """
+    if advantages.dim() not in (1, 2):
+        raise ValueError(f"advantages must be (N,) or (N, T); got shape {tuple(advantages.shape)}")
+    nonzero = advantages.ne(0)
+    return nonzero if advantages.dim() == 1 else nonzero.any(dim=1)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from feedbackrl.algos.advantages import group_advantages
+from feedbackrl.algos.advantages import group_advantages, rows_with_signal
 from feedbackrl.algos.aggregate import AGGREGATIONS
 from feedbackrl.algos.kl import kl_k3
 from feedbackrl.algos.policy_gradient import clipped_pg_loss
@@ -54,7 +54,7 @@ class GroupRelative:
     """GRPO (`algo.name = "grpo"`) or RLOO (`"rloo"`), with or without `[constraint]`."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(torchrun=True, sharded=True, ray=True, vllm=True,
-                                                        constraint=True, off_cpu=True)
+                                                        constraint=True, off_cpu=True, skip_zero_advantage=True)
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg, self.name = cfg, cfg.algo.name
@@ -92,6 +92,10 @@ class GroupRelative:
         if batch.logprobs is not None:  # a stale batch's sampling log-probs (N, T)
             out["behaviour"] = batch.logprobs
         return out
+
+    def rows_with_signal(self, prepared: dict[str, Tensor]) -> Tensor:
+        """(N,) bool: the rows whose loss has a gradient when the KL coefficient is 0 (a nonzero advantage)."""
+        return rows_with_signal(prepared["advantages"])
 
     def loss(self, model: PreTrainedModel, mb: list[Tensor], rows: dict[str, Tensor], norm: dict[str, float],
              kl_coef: float) -> LossParts:

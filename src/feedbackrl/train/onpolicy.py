@@ -69,6 +69,7 @@ class Capabilities:
     vllm: bool = False  # rollout.backend = "vllm"
     constraint: bool = False  # [constraint]: a Lagrange multiplier on the [cost]
     off_cpu: bool = False  # train.device = cuda
+    skip_zero_advantage: bool = False  # train.skip_zero_advantage: the objective's `rows_with_signal`
 
 
 @dataclass
@@ -123,6 +124,11 @@ def check_capabilities(cfg: RunConfig, name: str, caps: Capabilities, world: int
          "set both to 0"),
         (cfg.rollout.backend == "vllm", caps.vllm, "rollout.backend = 'vllm'", "use rollout.backend = 'native'"),
         (cfg.constraint is not None, caps.constraint, "[constraint]", "remove [constraint]"),
+        (cfg.train.skip_zero_advantage, caps.skip_zero_advantage, "train.skip_zero_advantage",
+         "set it to false"),
+        # the ranks' shares of a minibatch would differ in size once rows are skipped
+        (cfg.train.skip_zero_advantage and world > 1, False, "train.skip_zero_advantage with torchrun",
+         "set it to false or run one process"),
     ]  # off_cpu: the run path's check of train.device (`train/run.py:check_run`)
     for asked, supported, setting, fix in needs:
         if asked and not supported:
@@ -290,6 +296,8 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
             # 3. what the objective's loss needs from the batch: advantages (GRPO's group-relative, PPO's GAE over
             # its value head), old log-probs; with [constraint] the multiplier steps on this batch's costs first
             prepared = objective.prepare(batch, model, rollout_pass, ref_lp, kl_coef)
+            skip_rows = (objective.rows_with_signal(prepared)  # type: ignore[attr-defined]
+                         if cfg.train.skip_zero_advantage and kl_coef == 0 else None)
             # 4. optimise: epochs x minibatches, each minibatch over micro-batches (gradient accumulation)
             stats: dict[str, list[float]] = {}
             model.train()
@@ -304,6 +312,10 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
                     totals: dict[str, list[Tensor]] = {}
                     logged: dict[str, list[float]] = {}
                     own = idx[ranks.share(len(idx))]  # this rank's rows of the minibatch (all of them in one process)
+                    if skip_rows is not None:  # the rows with a gradient; at least one micro-batch, for the stats
+                        kept = own[skip_rows[own]]
+                        own = kept if len(kept) else own[:micro or len(own)]
+                        mb_mask = mask[own]
                     for sub in own.split(micro or len(own)):
                         with precision():
                             parts = objective.loss(model, [t[sub] for t in tensors],
@@ -319,7 +331,7 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
                     # free the gradients now, not before the next backward: they would otherwise sit in
                     # memory through the next rollout (a model's worth of floats at peak RSS)
                     optimizer.zero_grad(set_to_none=True)
-                    got = objective.stats({k: ranks.gather(torch.cat(v), len(idx)) for k, v in rows.items()},
+                    got = objective.stats({k: ranks.gather(torch.cat(v), len(mb_mask)) for k, v in rows.items()},
                                           {k: ranks.sum(sum(v)) for k, v in totals.items()}, mb_mask)
                     for k, v in {**got, "grad_norm": float(grad_norm)}.items():
                         stats.setdefault(k, []).append(v)
