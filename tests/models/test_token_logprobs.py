@@ -73,6 +73,20 @@ def test_bf16_logits_get_a_bf16_gradient_and_float32_log_probs():
     assert a.grad.dtype == torch.bfloat16
 
 
+def test_float64_logits_keep_float64_precision_in_values_and_gradients():
+    """A float64 model (as the sampler-parity tests run one) gets float64 log-probs, not float32 ones."""
+    logits, ids, upstream = _inputs(3)
+    a = logits.double().requires_grad_()
+    lp, ent = token_logprobs(a, ids, torch.ones(N, T), 0.7, with_entropy=True, block_rows=3)
+    assert lp.dtype == ent.dtype == torch.float64
+    (lp * upstream.double()).sum().backward()
+    z = logits.double().requires_grad_()
+    (_reference(z, ids, 0.7) * upstream.double()).sum().backward()
+    # float64 rounding (~1e-16 relative) on |z| / T <= ~25: far below 1e-12; float32 would give ~1e-6
+    torch.testing.assert_close(lp, _reference(logits.double(), ids, 0.7), rtol=0, atol=1e-12)
+    torch.testing.assert_close(a.grad, z.grad, rtol=0, atol=1e-12)
+
+
 def test_the_backward_keeps_no_second_full_size_tensor():
     logits = torch.randn(N, T, V, requires_grad=True)
     ids = torch.randint(0, V, (N, T))

@@ -151,12 +151,14 @@ class _TokenLogprobs(torch.autograd.Function):
                 block: int) -> tuple[Tensor, Tensor]:
         flat_ids = ids.reshape(-1)
         n = flat_ids.shape[0]
-        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lp = torch.empty(n, dtype=torch.float32, device=logits.device)
-        ent = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=logits.device)
+        # float32 at least (bf16 logits are reduced in float32); float64 logits keep their precision
+        cdt = torch.promote_types(logits.dtype, torch.float32)
+        lse = torch.empty(n, dtype=cdt, device=logits.device)
+        lp = torch.empty(n, dtype=cdt, device=logits.device)
+        ent = torch.empty(n if with_entropy else 0, dtype=cdt, device=logits.device)
         for a, blk in _row_blocks(logits, block):
             r = blk.shape[0]
-            z = blk.float() if temperature == 1.0 else blk.float() / temperature
+            z = blk.to(cdt) if temperature == 1.0 else blk.to(cdt) / temperature
             m = z.amax(-1, keepdim=True)
             s = torch.sub(z, m).exp_()
             total = s.sum(-1)
@@ -175,17 +177,18 @@ class _TokenLogprobs(torch.autograd.Function):
     def backward(ctx: Any, grad_lp: Tensor, grad_ent: Tensor) -> tuple[Tensor | None, ...]:
         logits, flat_ids, lse = ctx.saved_tensors
         temperature, v = ctx.temperature, logits.shape[-1]
-        g = grad_lp.reshape(-1).float()
+        cdt = lse.dtype
+        g = grad_lp.reshape(-1).to(cdt)
         if temperature != 1.0:
             g = g / temperature
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         grad_flat = grad.view(-1, v)
         for a, blk in _row_blocks(logits, ctx.block):
             r = blk.shape[0]
-            z = blk.float() if temperature == 1.0 else blk.float() / temperature
+            z = blk.to(cdt) if temperature == 1.0 else blk.to(cdt) / temperature
             gb = g[a : a + r, None]
-            # float32 logits: p is built in the gradient buffer itself, no copy
-            p = grad_flat[a : a + r] if grad.dtype == torch.float32 else torch.empty_like(z)
+            # float32 or float64 logits: p is built in the gradient buffer itself, no copy
+            p = grad_flat[a : a + r] if grad.dtype == cdt else torch.empty_like(z)
             torch.sub(z, lse[a : a + r, None], out=p).exp_().mul_(gb.neg())  # -g p
             p.scatter_add_(-1, flat_ids[a : a + r, None], gb)  # + g onehot(id)
             if p.data_ptr() != grad_flat[a : a + r].data_ptr():

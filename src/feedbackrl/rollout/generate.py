@@ -433,7 +433,9 @@ class _LlamaDecoder:
 def _pick(logits: Tensor, temperature: float, top_p: float, greedy: bool, ban: Tensor | None,
           generator: torch.Generator | None, rows: Rows | None = None) -> tuple[Tensor, Tensor]:
     """(N, V) logits -> sampled tokens (N,) and their log-probs under logits / temperature (N,)."""
-    scaled = logits.float() if greedy or temperature == 1.0 else logits.float() / temperature
+    # float32 at least (bf16 logits are reduced in float32), float64 kept: as the training forward's token_logprobs
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    scaled = z if greedy or temperature == 1.0 else z / temperature
     logp_all = torch.log_softmax(scaled, dim=-1)
     scores = logp_all
     if ban is not None:  # end tokens suppressed (min_new_tokens); the reported log-prob ignores the ban
@@ -529,7 +531,7 @@ def generate_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pro
         logits = decoder.prefill(prompt_ids, positions(prompt_mask))
         pos = positions(prompt_mask)[:, -1:]
         completion_ids = prompt_ids.new_full((n, max_new_tokens), pad)
-        logps = torch.zeros(n, max_new_tokens, device=dev)
+        logps = torch.zeros(n, max_new_tokens, device=dev, dtype=torch.promote_types(logits.dtype, torch.float32))
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         for t in range(max_new_tokens):
             tok, logp = _pick(logits, temperature, top_p, greedy, eos if t < min_new_tokens else None, generator,
