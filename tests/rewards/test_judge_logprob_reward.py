@@ -69,6 +69,24 @@ def test_the_cache_key_holds_the_judge_and_the_whole_prompt():
     assert len(scorer.asked) == 2 and len(plain.cache) == 2
 
 
+def test_the_cache_is_bounded_and_drops_the_least_recently_used():
+    from feedbackrl.rewards.judge_backends import JUDGE_CACHE_ENTRIES, judge_cache
+
+    assert LogprobPointwiseJudge(TableScorer({}), "c").cache.maxsize == JUDGE_CACHE_ENTRIES
+    scorer = TableScorer({"221": (-1.0, -1.0 - math.log(3)), "121": (-3.0, -1.0), "1": (-1.0, -1.0)})
+    judge = LogprobPointwiseJudge(scorer, "the sum is right", reference=True, cache=judge_cache(2))
+    # three distinct prompts in one batch, two cache entries: every verdict still from its own scores
+    got = judge.verify_batch([P] * 4, ["221", "121", "1", "221"])
+    assert [v.score for v in got] == pytest.approx([0.75, 1 / (1 + math.e**2), 0.5, 0.75], abs=1e-15)
+    assert len(judge.cache) == 2 and len(scorer.asked) == 3
+    judge.verify_batch([P], ["1"])  # the most recent entry: a hit, and now the most recently used
+    assert len(scorer.asked) == 3
+    judge.verify_batch([P], ["221"])  # the oldest was dropped: asked again
+    assert scorer.asked[-1] == "221" and len(scorer.asked) == 4
+    judge.verify_batch([P], ["1"])  # kept over "121", which was used less recently
+    assert len(scorer.asked) == 4
+
+
 def test_batched_choice_logprobs_equal_one_by_one_within_float32_rounding(tiny_model_dir):
     from feedbackrl.rewards.judge_backends import HFChoiceLogprobs
 

@@ -21,12 +21,13 @@ token/cost metrics (`judge/*`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ from feedbackrl.rewards.judge_backends import (
     JudgeUnavailable,
     Messages,
     choice_logprobs_batch,
+    judge_cache,
 )
 from feedbackrl.rewards.verdict import Problem, RewardSource, Verdict, fail
 
@@ -179,7 +181,7 @@ class PointwiseJudge:
 
     def clear_cache(self) -> None:
         """Forget cached replies, so the next calls ask the judge again."""
-        self.chat.cache.clear()
+        self.chat.clear()
 
     def verify_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
         """One verdict per completion, `concurrency` judge calls at a time, in order."""
@@ -270,18 +272,19 @@ class LogprobPointwiseJudge:
     pass_score: float = 0.5
     choices: tuple[str, str] = ("Yes", "No")
     batch_size: int = 16
-    cache: dict[str, tuple[float, float]] = field(default_factory=dict)
+    cache: MutableMapping[str, tuple[float, float]] = field(default_factory=judge_cache)
 
     def __post_init__(self) -> None:
         self._stats = {"calls": 0, "cache_hits": 0, "seconds": 0.0}
-        self._lock = threading.Lock()  # judge_quality asks from several threads
+        self._lock = threading.Lock()  # judge_quality asks from several threads; the LRU cache is read under it
 
     def messages(self, problem: Problem, completion: str) -> Messages:
         return [{"role": "system", "content": LOGPROB_POINT_SYSTEM.format(task=self.task, criterion=self.criterion)},
                 {"role": "user", "content": _user(problem, self.reference, response=completion)}]
 
     def _key(self, messages: Messages) -> str:
-        return json.dumps([self.scorer.name, list(self.choices), messages], sort_keys=True)
+        blob = json.dumps([self.scorer.name, list(self.choices), messages], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()  # 64 characters a key, whatever the prompt's length
 
     def _verdict(self, yes: float, no: float) -> Verdict:
         score = 1.0 / (1.0 + math.exp(no - yes))
@@ -293,27 +296,34 @@ class LogprobPointwiseJudge:
 
     def verify_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
         """One verdict per completion, in order; each distinct prompt the cache lacks is scored once."""
-        keys, todo = [], {}
+        keys, todo, found = [], {}, {}
         for p, c in zip(problems, completions, strict=True):
             msgs = self.messages(p, c)
-            k = self._key(msgs)
-            keys.append(k)
-            if k not in self.cache:
+            keys.append(k := self._key(msgs))
+            with self._lock:
+                hit = self.cache.get(k)
+            if hit is not None:
+                found[k] = hit
+            elif k not in found:
                 todo.setdefault(k, msgs)
         t0 = time.perf_counter()
         if todo:
             scored = choice_logprobs_batch(self.scorer, list(todo.values()), self.choices, self.batch_size)
             for k, (yes, no) in zip(todo, scored, strict=True):
-                self.cache[k] = (yes, no)
+                found[k] = (yes, no)
         with self._lock:
+            for k in todo:
+                self.cache[k] = found[k]
             self._stats["calls"] += len(todo)
             self._stats["cache_hits"] += len(keys) - len(todo)
             self._stats["seconds"] += time.perf_counter() - t0
-        return [self._verdict(*self.cache[k]) for k in keys]
+        # read from this batch's own results: a batch larger than the cache would evict some before the end
+        return [self._verdict(*found[k]) for k in keys]
 
     def clear_cache(self) -> None:
         """Forget the cached log-probs, so the next calls run the model again."""
-        self.cache.clear()
+        with self._lock:
+            self.cache.clear()
 
     def pop_metrics(self) -> dict[str, float]:
         """`judge/calls` (prompts the model scored), `judge/cache_hits`, `judge/seconds` since the last call."""

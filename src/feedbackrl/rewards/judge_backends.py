@@ -18,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from cachetools import LRUCache
 
 Messages = list[dict[str, str]]
 
@@ -123,16 +125,28 @@ class JudgeStats:
     unavailable: int = 0
 
 
+# Replies (or choice log-probs) a judge keeps: the least recently used go first. A GRPO group repeats completions
+# within a step and across a few steps; a long run's distinct completions are unbounded (10,000 steps of 128
+# completions would hold over a million keyed prompts), so the cache is not.
+JUDGE_CACHE_ENTRIES = 100_000
+
+
+def judge_cache(maxsize: int = JUDGE_CACHE_ENTRIES) -> MutableMapping[str, Any]:
+    """An empty LRU cache for a judge's replies: at most `maxsize` entries. Not thread-safe: use it under a lock."""
+    return LRUCache(maxsize=maxsize)
+
+
 @dataclass
 class CachedChat:
-    """A backend with a thread-safe cache keyed by (judge name, messages) and token/cost accounting.
+    """A backend with a thread-safe cache keyed by (judge name, messages) and token/cost accounting; the cache
+    keeps the `JUDGE_CACHE_ENTRIES` most recently used replies.
 
     `usd_per_mtok`: (prompt, completion) prices per million tokens, for hosted APIs; 0 for local judges.
     """
 
     backend: ChatBackend
     usd_per_mtok: tuple[float, float] = (0.0, 0.0)
-    cache: dict[str, ChatReply] = field(default_factory=dict)
+    cache: MutableMapping[str, ChatReply] = field(default_factory=judge_cache)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -161,6 +175,11 @@ class CachedChat:
             self.stats.completion_tokens += reply.completion_tokens
             self.cache[k] = reply
         return reply
+
+    def clear(self) -> None:
+        """Drop every cached reply."""
+        with self._lock:
+            self.cache.clear()
 
     def forget(self, messages: Messages) -> None:
         """Drop a cached reply (an unparsable answer must not be served again on retry)."""
