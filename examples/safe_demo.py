@@ -49,8 +49,9 @@ def train_all(out: Path, algo: str, seeds: tuple[int, ...], sft: Path, threads: 
     cli = [sys.executable, "-m", "feedbackrl.cli"]
     one = ["--set", f"train.threads={threads}"]
     policy = ["--set", f"model.path={sft / 'sft_policy'}", "--set", "sft.steps=0", *one]
+    heldout = ["--set", f"task.heldout_size={load_config(unsafe).task.heldout_size}"]  # the algo's held-out set
     steps = {"sft": (sft, ["--set", "algo.steps=0", *one]),  # SFT only: the shared warm start
-             "start": (out / "start", [*policy, "--set", "algo.steps=0"])}  # its held-out reward and cost
+             "start": (out / "start", [*policy, "--set", "algo.steps=0", *heldout])}  # its held-out reward, cost
     for name, (run_dir, extra) in steps.items():
         done = sft / "sft_policy" / "config.json" if name == "sft" else run_dir / "report.json"
         if not done.is_file() and sh(*cli, "train", str(SFT_RECIPE), "--out", str(run_dir), *extra) != 0:
