@@ -98,13 +98,15 @@ def summary(out: Path, png: Path, algo: str, seeds: tuple[int, ...]) -> dict:
 
 
 def with_earlier(entry: dict, path: Path) -> dict:
-    """`entry` with the results file's earlier entries kept under "earlier": the file's own entry when it was
-    measured on another machine (figures differ between CPUs), and the entries it kept itself."""
+    """`entry` with the results file's earlier entries kept under "earlier": the file's own entry unless it is
+    the same measurement again (the same machine, commit and seeds: a rerun replaces it), and the entries it
+    kept itself."""
     if not path.is_file():
         return entry
     old = json.loads(path.read_text())
     earlier = old.pop("earlier", [])
-    if old.get("provenance", {}).get("machine") != entry["provenance"]["machine"]:
+    same = [tuple(e.get("provenance", {}).get(k) for k in ("machine", "commit")) for e in (old, entry)]
+    if same[0] != same[1] or old.get("seeds") != entry.get("seeds"):
         earlier = [old, *earlier]
     return {**entry, "earlier": earlier} if earlier else entry
 
