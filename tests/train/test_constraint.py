@@ -276,6 +276,13 @@ def test_heldout_probes_are_refused_where_the_heldout_split_cannot_hold_them():
                                           r"problems: addition with 1 digits has only"):
         heldout_probes(AdditionTask(digits=1), 5, 100)
 
+    class Reshuffled(AdditionTask):  # heldout(n) another list for each n: no split of the evaluated set possible
+        def heldout(self, n: int) -> list[Problem]:
+            return [Problem(f"{n}+{i}=", str(n + i)) for i in range(n)]
+
+    with pytest.raises(ConfigError, match=r"heldout\(15\) does not begin with its heldout\(10\), the evaluated set"):
+        heldout_probes(Reshuffled(), 10, 5)
+
 
 def torch_equal_states(a, b) -> bool:
     import torch
