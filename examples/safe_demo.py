@@ -49,8 +49,9 @@ def train_all(out: Path, algo: str, seeds: tuple[int, ...], sft: Path, threads: 
     cli = [sys.executable, "-m", "feedbackrl.cli"]
     one = ["--set", f"train.threads={threads}"]
     policy = ["--set", f"model.path={sft / 'sft_policy'}", "--set", "sft.steps=0", *one]
+    heldout = ["--set", f"task.heldout_size={load_config(unsafe).task.heldout_size}"]  # the algo's held-out set
     steps = {"sft": (sft, ["--set", "algo.steps=0", *one]),  # SFT only: the shared warm start
-             "start": (out / "start", [*policy, "--set", "algo.steps=0"])}  # its held-out reward and cost
+             "start": (out / "start", [*policy, "--set", "algo.steps=0", *heldout])}  # its held-out reward, cost
     for name, (run_dir, extra) in steps.items():
         done = sft / "sft_policy" / "config.json" if name == "sft" else run_dir / "report.json"
         if not done.is_file() and sh(*cli, "train", str(SFT_RECIPE), "--out", str(run_dir), *extra) != 0:
@@ -97,13 +98,15 @@ def summary(out: Path, png: Path, algo: str, seeds: tuple[int, ...]) -> dict:
 
 
 def with_earlier(entry: dict, path: Path) -> dict:
-    """`entry` with the results file's earlier entries kept under "earlier": the file's own entry when it was
-    measured on another machine (figures differ between CPUs), and the entries it kept itself."""
+    """`entry` with the results file's earlier entries kept under "earlier": the file's own entry unless it is
+    the same measurement again (the same machine, commit and seeds: a rerun replaces it), and the entries it
+    kept itself."""
     if not path.is_file():
         return entry
     old = json.loads(path.read_text())
     earlier = old.pop("earlier", [])
-    if old.get("provenance", {}).get("machine") != entry["provenance"]["machine"]:
+    same = [tuple(e.get("provenance", {}).get(k) for k in ("machine", "commit")) for e in (old, entry)]
+    if same[0] != same[1] or old.get("seeds") != entry.get("seeds"):
         earlier = [old, *earlier]
     return {**entry, "earlier": earlier} if earlier else entry
 

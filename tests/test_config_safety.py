@@ -165,3 +165,27 @@ def test_probe_prompts_are_refused_where_they_cannot_run():
                  "constraint": {"threshold": 0.1, "window": 8, "probe_prompts": 8}})
     assert "constraint.probe_prompts with scale.learner = 'fsdp'" in refused(
         cost=COST, scale={"learner": "fsdp"}, constraint={"threshold": 0.4, "window": 8, "probe_prompts": 8})
+
+
+def test_heldout_probes_need_probe_prompts_and_a_task_with_a_heldout_split():
+    probes = {"threshold": 0.4, "window": 8, "probe_prompts": 8}
+    assert run(cost=COST, constraint=probes).constraint.probe_from == "train"  # the default: training prompts
+    ok = run(cost=COST, task={"name": "reverse"}, constraint={**probes, "probe_from": "heldout"})
+    assert ok.constraint.probe_from == "heldout"
+    assert "constraint.probe_from: Input should be 'train' or 'heldout'" in refused(
+        cost=COST, constraint={**probes, "probe_from": "eval"})
+    assert "constraint.probe_from = 'heldout' says where the probe prompts come from, and constraint.probe_prompts " \
+           "= 0 draws none" in refused(cost=COST, constraint={"threshold": 0.4, "probe_from": "heldout"})
+    heldout = {**probes, "probe_from": "heldout"}
+    msg = refused(cost=COST, task={"name": "guess_number"}, constraint=heldout)
+    assert "task 'guess_number' has none: its held-out games replay the training secrets" in msg
+    assert "use probe_from = 'train'" in msg
+    assert "task.options.heldout_fraction = 0 holds no rows out" in refused(
+        cost=COST, task={"name": "dataset", "options": {"path": "rows.jsonl", "heldout_fraction": 0.0}},
+        constraint=heldout)
+    assert "task.options.heldout_tasks = 0 holds no tasks out" in refused(
+        cost=COST, task={"name": "verifiers", "options": {"env": "x"}}, constraint=heldout)
+    # the same tasks with a split of their own load
+    assert run(cost=COST, task={"name": "dataset", "options": {"path": "rows.jsonl"}}, constraint=heldout)
+    assert run(cost=COST, task={"name": "verifiers", "options": {"env": "x", "heldout_tasks": 50}},
+               constraint=heldout)

@@ -349,12 +349,17 @@ class ConstraintConfig(Section):
         "independent; window must be a multiple of rollout.group_size"))
     probe_prompts: int = Field(0, ge=0, description=(
         "0: the multiplier steps on the training batch's costs; N > 0: on N probe prompts drawn once at the start "
-        "from the training distribution (seeded by train.seed, never trained on), sampled with the current policy "
-        "(one completion each, no gradient) and scored by [cost]: J_C is then over the same prompts at every step, "
-        "whichever prompts the step drew; window must be a multiple of N"))
+        "(from the training distribution seeded by train.seed, or the held-out one: probe_from; never trained on), "
+        "sampled with the current policy (one completion each, no gradient) and scored by [cost]: J_C is then over "
+        "the same prompts at every step, whichever prompts the step drew; window must be a multiple of N"))
     probe_per_step: int = Field(0, ge=0, description=(
         "with probe_prompts: how many of the probe prompts are sampled each step, in a fixed cycle through the "
         "set (the first step samples a whole window); 0 = all of them every step"))
+    probe_from: Literal["train", "heldout"] = Field("train", description=(
+        "with probe_prompts: where the probe prompts come from. train: N training prompts (Task.sample, seeded by "
+        "train.seed); heldout: the N held-out problems after the task.heldout_size ones the evaluation and the "
+        "release test use (task.heldout(heldout_size + N)[heldout_size:]): the held-out distribution, disjoint "
+        "from the evaluated set and never trained on, the same prompts for every seed"))
 
     @model_validator(mode="after")
     def _settings_of_its_multiplier(self) -> ConstraintConfig:
@@ -380,6 +385,9 @@ class ConstraintConfig(Section):
         if self.probe_per_step and not self.probe_prompts:
             raise ValueError(f"constraint.probe_per_step = {self.probe_per_step} samples probe prompts, and "
                              "constraint.probe_prompts = 0 draws none: set probe_prompts or remove probe_per_step")
+        if self.probe_from != "train" and not self.probe_prompts:
+            raise ValueError(f"constraint.probe_from = {self.probe_from!r} says where the probe prompts come from, and "
+                             "constraint.probe_prompts = 0 draws none: set probe_prompts or remove probe_from")
         if self.probe_per_step > self.probe_prompts:
             raise ValueError(f"constraint.probe_per_step = {self.probe_per_step} is more than the "
                              f"constraint.probe_prompts = {self.probe_prompts} there are")
@@ -774,10 +782,26 @@ class RunConfig(Section):
         if k is not None and k.probe_prompts and self.scale.learner == "fsdp":
             raise ValueError("constraint.probe_prompts with scale.learner = 'fsdp': the probe prompts are sampled "
                              "in one process so far; remove probe_prompts or run without torchrun")
+        if k is not None and k.probe_from == "heldout":
+            self._check_heldout_probes()
         if k is not None and k.bound_per_prompt and (k.window % g or k.window // g < 2):
             raise ValueError(f"constraint.bound_per_prompt bounds the window's per-prompt means: constraint.window = "
                              f"{k.window} must be a multiple of rollout.group_size = {g} holding at least 2 prompts")
 
+
+    def _check_heldout_probes(self) -> None:
+        """constraint.probe_from = 'heldout': the task must have a held-out split apart from its training problems."""
+        name, options = self.task.name, self.task.options
+        no_split = {  # built-in tasks (or their options) whose held-out problems are not a split of their own
+            "guess_number": "its held-out games replay the training secrets (heldout(n) cycles 1..hi)",
+            "dataset": "task.options.heldout_fraction = 0 holds no rows out"
+            if options.get("heldout_fraction", 0.1) == 0 else "",
+            "verifiers": "task.options.heldout_tasks = 0 holds no tasks out"
+            if not options.get("heldout_tasks", 0) else "",
+        }.get(name, "")
+        if no_split:
+            raise ValueError(f"constraint.probe_from = 'heldout' draws the probe prompts from the task's held-out "
+                             f"split, and task {name!r} has none: {no_split}; use probe_from = 'train'")
 
     def _check_sharded_learner(self) -> None:
         """What `scale.learner = 'fsdp'` does not run (yet): each setting named with its fix."""

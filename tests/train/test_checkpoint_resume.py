@@ -29,7 +29,7 @@ from feedbackrl.train.checkpoint import (
 from feedbackrl.train.constraint import CONSTRAINT_FILE
 from feedbackrl.train.grpo import train_grpo
 from feedbackrl.train.prefs import gold_scorer, training_cost
-from feedbackrl.train.probe import PROBE_FILE
+from feedbackrl.train.probe import PROBE_FILE, fingerprint
 
 COMPLETION_LEN = 4
 
@@ -268,39 +268,44 @@ def test_a_constrained_resume_is_bit_exact_lambda_included(tiny_model_dir: Path,
             assert rows.by_step[step][key] == full.by_step[step][key], (step, key)
 
 
-def probed_config(steps: int) -> RunConfig:
+def probed_config(steps: int, probe_from: str = "train") -> RunConfig:
     """`constrained_config` (PID) with the multiplier on 6 probe prompts, 4 of them sampled a step."""
     data = json.loads(config(steps).model_dump_json())
     data.update(cost={"source": "regex", "pattern": "[0-4]", "mode": "search"},
                 constraint={"threshold": 0.2, "multiplier": "pid", "kp": 1.0, "ki": 0.5, "kd": 1.0, "window": 12,
-                            "probe_prompts": 6, "probe_per_step": 4})
+                            "probe_prompts": 6, "probe_per_step": 4, "probe_from": probe_from})
     return build_config(data)
 
 
-def train_probed(model_dir: Path, out: Path, steps: int, sink, resume_from: Path | None = None):
+def train_probed(model_dir: Path, out: Path, steps: int, sink, resume_from: Path | None = None,
+                 probe_from: str = "train"):
     model, tokenizer = load_policy(str(model_dir)), load_tokenizer(str(model_dir))
-    cfg, task = probed_config(steps), ShapedAddition()
+    cfg, task = probed_config(steps, probe_from), ShapedAddition()
     scorer = gold_scorer(task.verify_batch, None, training_cost(cfg, task))
     train_grpo(cfg, model, tokenizer, task, out, sink, resume_from=resume_from, scorer=scorer)
     return model, task
 
 
-def test_a_resume_with_probe_prompts_is_bit_exact(tiny_model_dir: Path, tmp_path: Path):
+@pytest.mark.parametrize("probe_from", ["train", "heldout"])
+def test_a_resume_with_probe_prompts_is_bit_exact(tiny_model_dir: Path, tmp_path: Path, probe_from: str):
     full = MemorySink()
-    model, task = train_probed(tiny_model_dir, tmp_path / "full", 4, full)
+    model, task = train_probed(tiny_model_dir, tmp_path / "full", 4, full, probe_from=probe_from)
     want = {k: v.clone() for k, v in model.state_dict().items()}
     assert task.batches == 4  # the probes' verdicts never reach the task: only the 4 training batches moved it
     # the first step samples a whole window (12 = the 6 probes twice), then 4 a step, cycling through the 6
     assert [full.by_step[s]["constraint/probe_n"] for s in (1, 2, 3, 4)] == [12.0, 4.0, 4.0, 4.0]
     assert all(0.0 <= full.by_step[s]["constraint/probe_cost"] <= 1.0 for s in (1, 2, 3, 4))
-    train_probed(tiny_model_dir, tmp_path / "half", 2, MemorySink())
+    train_probed(tiny_model_dir, tmp_path / "half", 2, MemorySink(), probe_from=probe_from)
     ckpt = resolve_resume(tmp_path / "half")
     probe = torch.load(ckpt / PROBE_FILE, weights_only=True)
     assert (probe["position"], probe["calls"], probe["size"]) == (4, 2, 6)  # 12 + 4 = 16 = 2 cycles + 4
+    n = probed_config(4).task.heldout_size  # heldout: the 6 held-out problems after the evaluated ones
+    drawn = task.heldout(n + 6)[n:] if probe_from == "heldout" else None
+    assert drawn is None or probe["fingerprint"] == fingerprint(drawn)
     assert len(torch.load(ckpt / CONSTRAINT_FILE, weights_only=True)["state"]["window"]) == 12
     torch.manual_seed(12345)
     rows = MemorySink()
-    model, _ = train_probed(ckpt, tmp_path / "half", 4, rows, resume_from=ckpt)
+    model, _ = train_probed(ckpt, tmp_path / "half", 4, rows, resume_from=ckpt, probe_from=probe_from)
     assert_same_parameters(model.state_dict(), want)
     for step in (3, 4):
         for key in ("constraint/probe_cost", "constraint/lambda", "constraint/cost_window_mean", "cost/mean",

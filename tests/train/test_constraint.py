@@ -226,6 +226,64 @@ def test_the_probe_set_comes_from_the_training_distribution_seeded_by_the_run():
     assert all_at_once.per_step == 200  # 0: every probe prompt every step
 
 
+def test_heldout_probes_are_the_heldout_problems_after_the_evaluated_ones():
+    import random
+
+    from feedbackrl.config import ConstraintConfig
+    from feedbackrl.envs.procedural.reverse import ReverseTask, _is_heldout
+    from feedbackrl.train.probe import ProbeSet
+
+    task = ReverseTask(min_len=3, max_len=7, alphabet_size=10)
+    cfg = ConstraintConfig(threshold=0.4, window=200, probe_prompts=200, probe_per_step=50, probe_from="heldout")
+    probe = ProbeSet.draw(task, cfg, seed=0, heldout_size=300)
+    evaluated = [p.prompt for p in task.heldout(300)]  # what the evaluation and the release test score
+    prompts = [p.prompt for p in probe.problems]
+    # the evaluated set's own generator, continued: heldout(500) is the 300 evaluated words, then the 200 probes
+    assert [p.prompt for p in task.heldout(500)] == evaluated + prompts
+    assert len(set(prompts)) == 200 and not set(prompts) & set(evaluated)  # disjoint from the release set
+    assert all(_is_heldout(p.meta["word"]) for p in probe.problems)  # held-out words: Task.sample never draws one
+    rng = random.Random(0)
+    assert not {task.sample(rng).prompt for _ in range(20_000)} & set(prompts)
+    other = ProbeSet.draw(task, cfg, seed=1, heldout_size=300)  # the same probes for every seed, another generator
+    assert [p.prompt for p in other.problems] == prompts and not torch_equal_states(other, probe)
+    assert (probe.per_step, probe.fill, probe.position) == (50, 200, 0)
+
+
+def test_the_recipes_heldout_probes_hold_the_evaluated_sets_share_of_words_with_an_a():
+    # recipes/reverse_safe_grpo.toml: 1,500 evaluated held-out words, the next 1,000 the probes; the margin's
+    # derivation there uses these counts (training words drawn with seeds 30-35 held 0.388-0.425)
+    from feedbackrl.config import load_config
+    from feedbackrl.envs.registry import make_task
+    from feedbackrl.train.probe import heldout_probes
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "recipes" / "reverse_safe_grpo.toml")
+    task = make_task(cfg.task)
+    assert (cfg.task.heldout_size, cfg.constraint.probe_prompts, cfg.constraint.probe_from) == (1500, 1000, "heldout")
+    evaluated = task.heldout(1500)
+    probes = heldout_probes(task, 1500, 1000)
+    assert sum("a" in p.meta["word"] for p in evaluated) == 653  # 0.4353
+    assert sum("a" in p.meta["word"] for p in probes) == 434  # 0.4340
+
+
+def test_heldout_probes_are_refused_where_the_heldout_split_cannot_hold_them():
+    from feedbackrl.envs.guess import GuessNumberTask
+    from feedbackrl.train.probe import heldout_probes
+
+    with pytest.raises(ConfigError, match=r"8 of the 8 probe prompts after the 31 evaluated held-out problems of "
+                                          r"task 'guess_number' repeat an evaluated prompt"):
+        heldout_probes(GuessNumberTask(), 31, 8)  # its held-out games cycle through the secrets
+    with pytest.raises(ConfigError, match=r"needs task.heldout_size \+ constraint.probe_prompts = 5 \+ 100 held-out "
+                                          r"problems: addition with 1 digits has only"):
+        heldout_probes(AdditionTask(digits=1), 5, 100)
+
+    class Reshuffled(AdditionTask):  # heldout(n) another list for each n: no split of the evaluated set possible
+        def heldout(self, n: int) -> list[Problem]:
+            return [Problem(f"{n}+{i}=", str(n + i)) for i in range(n)]
+
+    with pytest.raises(ConfigError, match=r"heldout\(15\) does not begin with its heldout\(10\), the evaluated set"):
+        heldout_probes(Reshuffled(), 10, 5)
+
+
 def torch_equal_states(a, b) -> bool:
     import torch
 

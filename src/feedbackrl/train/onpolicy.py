@@ -221,7 +221,8 @@ def train_on_policy(cfg: RunConfig, objective: Objective, model: PreTrainedModel
     prompt_rng = random.Random(cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed)
     # constraint.probe_prompts: drawn from the task in its initial state, before a resume restores its state
-    probe = ProbeSet.draw(task, cfg.constraint, cfg.train.seed) if probing and cfg.constraint is not None else None
+    probe = (ProbeSet.draw(task, cfg.constraint, cfg.train.seed, cfg.task.heldout_size)
+             if probing and cfg.constraint is not None else None)
     rngs = {"prompt_rng": prompt_rng, "sample_rng": sample_rng}
     start = 0
     if resume_from is not None:

@@ -4,7 +4,10 @@ The multiplier's J_C is a windowed mean (or upper bound) of costs. Taken over th
 with which prompts the steps happened to draw: when the cost is mostly decided by the prompt, a run of draws
 with few costly prompts lowers J_C though the policy did not change, and lambda follows it down. A probe set
 removes that: N prompts drawn once, before the first step, from the task's training distribution
-(`Task.sample`, which never returns a held-out problem) with their own seeded RNG; each step the current
+(`Task.sample`, which never returns a held-out problem) with their own seeded RNG, or with `probe_from =
+"heldout"` the N held-out problems after the `task.heldout_size` ones that are evaluated and released on
+(`heldout_probes`: the held-out distribution, whose composition the training words may not share, with no
+evaluated prompt among them, and the same N for every seed); each step the current
 policy samples one completion for the next `probe_per_step` of them in a fixed cycle (`algos.constrained.
 probe_cycle`; the first step samples a whole window), without gradients, scored by the run's scorer (the
 recipe's `[cost]`). The window then holds the latest cost of every probe prompt, so J_C is the mean cost of
@@ -32,7 +35,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from feedbackrl.algos.constrained import probe_cycle
-from feedbackrl.config import ConstraintConfig, RolloutConfig
+from feedbackrl.config import ConfigError, ConstraintConfig, RolloutConfig
 from feedbackrl.envs.base import Task
 from feedbackrl.episodes.contracts import Scorer
 from feedbackrl.episodes.kinds import collect
@@ -53,6 +56,33 @@ def fingerprint(problems: list[Problem]) -> str:
         h.update(repr(p.prompt).encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def heldout_probes(task: Task, heldout_size: int, count: int) -> list[Problem]:
+    """constraint.probe_from = "heldout": `task.heldout(heldout_size + count)[heldout_size:]`, the `count` held-out
+    problems that follow the `heldout_size` ones evaluated (`task.heldout(heldout_size)`, the release test's set):
+    the same generator as the evaluated set, never trained on (`Task.sample` never returns a held-out problem).
+    A ConfigError when the task cannot hand out that many, or when one of them repeats an evaluated prompt (a
+    held-out list that cycles, or one that is not the same list on every call)."""
+    try:
+        evaluated, enlarged = task.heldout(heldout_size), task.heldout(heldout_size + count)
+    except ValueError as e:  # a task's own "only so many held-out problems" (DatasetError is one)
+        raise ConfigError(f"constraint.probe_from = 'heldout' needs task.heldout_size + constraint.probe_prompts = "
+                          f"{heldout_size} + {count} held-out problems: {e}") from None
+    if len(enlarged) != heldout_size + count or [p.prompt for p in enlarged[:heldout_size]] != [
+            p.prompt for p in evaluated]:
+        raise ConfigError(f"constraint.probe_from = 'heldout': task {task.name!r}'s heldout({heldout_size + count}) "
+                          f"does not begin with its heldout({heldout_size}), the evaluated set; the probe prompts "
+                          "cannot be told apart from it: use probe_from = 'train'")
+    probes, seen = enlarged[heldout_size:], {p.prompt for p in evaluated}
+    repeated = sum(p.prompt in seen for p in probes)
+    if repeated:
+        raise ConfigError(f"constraint.probe_from = 'heldout': {repeated} of the {count} probe prompts after the "
+                          f"{heldout_size} evaluated held-out problems of task {task.name!r} repeat an evaluated "
+                          "prompt (its held-out split holds fewer distinct problems than heldout_size + "
+                          "probe_prompts): lower constraint.probe_prompts or task.heldout_size, or use probe_from = "
+                          "'train'")
+    return probes
 
 
 class _ProbeTask:
@@ -83,12 +113,17 @@ class ProbeSet:
     calls: int = 0
 
     @classmethod
-    def draw(cls, task: Task, cfg: ConstraintConfig, seed: int) -> ProbeSet:
-        """`cfg.probe_prompts` prompts from `task.sample` with an RNG of their own (seeded by `seed`, train.seed)."""
+    def draw(cls, task: Task, cfg: ConstraintConfig, seed: int, heldout_size: int = 0) -> ProbeSet:
+        """`cfg.probe_prompts` prompts: with probe_from = "train" from `task.sample` with an RNG of their own
+        (seeded by `seed`, train.seed); with "heldout" the held-out problems after the first `heldout_size`
+        (task.heldout_size, the evaluated ones): `heldout_probes`."""
         if cfg.probe_prompts < 1:
             raise ValueError(f"constraint.probe_prompts must be >= 1 to draw a probe set, got {cfg.probe_prompts}")
-        rng = random.Random(_seed("constraint.probe_prompts", seed))
-        problems = [task.sample(rng) for _ in range(cfg.probe_prompts)]
+        if cfg.probe_from == "heldout":
+            problems = heldout_probes(task, heldout_size, cfg.probe_prompts)
+        else:
+            rng = random.Random(_seed("constraint.probe_prompts", seed))
+            problems = [task.sample(rng) for _ in range(cfg.probe_prompts)]
         generator = torch.Generator().manual_seed(_seed("constraint.probe_sampling", seed))
         return cls(problems, cfg.probe_per_step or cfg.probe_prompts, cfg.window, generator)
 
