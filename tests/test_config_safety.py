@@ -165,3 +165,14 @@ def test_probe_prompts_are_refused_where_they_cannot_run():
                  "constraint": {"threshold": 0.1, "window": 8, "probe_prompts": 8}})
     assert "constraint.probe_prompts with scale.learner = 'fsdp'" in refused(
         cost=COST, scale={"learner": "fsdp"}, constraint={"threshold": 0.4, "window": 8, "probe_prompts": 8})
+
+
+def test_probe_envs_are_a_control_runs_and_refused_on_a_text_run():
+    # a text run's probe is probe_prompts; probe_envs would be accepted and never used there
+    msg = refused(cost=COST, constraint={"threshold": 0.4, "window": 8, "probe_envs": 8, "probe_steps": 32})
+    assert "constraint.probe_envs steps greedy probe environments of a control run" in msg
+    assert "a text run's probe is constraint.probe_prompts" in msg
+    both = refused(cost=COST, constraint={"threshold": 0.4, "window": 8, "probe_prompts": 8, "probe_envs": 8,
+                                          "probe_steps": 1})
+    assert "a run uses at most one of them" in both
+    assert run(cost=COST, constraint={"threshold": 0.4}).constraint.probe_envs == 0  # off by default
