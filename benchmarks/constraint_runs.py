@@ -12,7 +12,9 @@ in the provenance, beside this script's own argv.
 
 "Late training" is the last quarter of the updates, as in benchmarks/bench_control.py: the mean over those
 updates of `cost/mean` (the rollout's cost per environment step) and of `episode/collision` (the share of
-training episodes that ended in a crash); held-out figures are report.json's `control_eval_after` (greedy,
+training episodes that ended in a crash) and, with `constraint.probe_envs`, of `constraint/probe_cost` (the current
+policy's greedy cost per step on the probe environments, what the multiplier steps on) with the probes' CPU
+seconds per update; held-out figures are report.json's `control_eval_after` (greedy,
 `control.eval_episodes` episodes).
 """
 
@@ -49,6 +51,13 @@ def one_run(run_dir: Path) -> dict[str, Any]:
     if rl and "constraint/lambda" in rl[0]:
         out["lambda_by_update"] = [r["constraint/lambda"] for r in rl]
         out["final_lambda"] = out["lambda_by_update"][-1]
+        out["cost_window_mean_by_update"] = [r["constraint/cost_window_mean"] for r in rl]
+    if rl and "constraint/probe_cost" in rl[0]:  # constraint.probe_envs: the greedy probe's cost, what J_C is over
+        out["probe_cost_by_update"] = [r["constraint/probe_cost"] for r in rl]
+        out["late_probe_cost_per_step"] = statistics.mean(r["constraint/probe_cost"] for r in late)
+        out["probe_cpu_seconds_per_update"] = statistics.mean(r["perf/probe_cpu_s"] for r in rl)
+        out["probe_wall_seconds_per_update"] = statistics.mean(r["perf/probe_s"] for r in rl)
+        out["probe_cpu_seconds"] = sum(r["perf/probe_cpu_s"] for r in rl)
     return out
 
 

@@ -7,7 +7,8 @@ Run: .venv/bin/python benchmarks/policy_cost.py OUT.json NAME=CHECKPOINT_DIR [NA
 each CHECKPOINT_DIR a `checkpoints/step_N` of a control run (or a run directory: its latest checkpoint).
 
 Per mode, `--envs` environments seeded train.seed + 50,000 + i (apart from the training environments,
-train.seed + i, and from the run's greedy held-out episodes, train.seed + 10,000 + i) are stepped for
+train.seed + i, from the run's greedy held-out episodes, train.seed + 10,000 + i, and from its greedy probe
+environments, train.seed + 30,000 + i: `control/loop.py`'s seed offsets) are stepped for
 `--steps` steps in all, episodes reset as they end. The cost per step is the sum of the cost over all steps
 divided by their number: the quantity the Lagrange multiplier constrains (`constraint.threshold`, per step), on
 a fixed policy. Its standard error is sqrt(p (1 - p) / steps): 0.0004 at p = 0.003 over 20,480 steps, against
@@ -33,7 +34,7 @@ from common import provenance  # noqa: E402
 
 from feedbackrl.algos.confidence import wilson_interval  # noqa: E402
 from feedbackrl.control.envs import make_vec_env  # noqa: E402
-from feedbackrl.control.loop import _cost_fn, load_checkpoint  # noqa: E402
+from feedbackrl.control.loop import READING_SEED_OFFSET, _cost_fn, load_checkpoint  # noqa: E402
 from feedbackrl.control.policy import ActorCritic  # noqa: E402
 from feedbackrl.control.rollout import Collector  # noqa: E402
 
@@ -68,7 +69,7 @@ def temperature(mode: str) -> float:
 def policy_cost(ckpt: Path, modes: list[str], steps: int, n_envs: int) -> dict[str, Any]:
     policy, cfg = load_checkpoint(ckpt)
     c = cfg.control
-    seed = cfg.train.seed + 50_000
+    seed = cfg.train.seed + READING_SEED_OFFSET
     out: dict[str, Any] = {"checkpoint": str(ckpt), "seed": cfg.train.seed, "env": c.env}
     for spec in modes:
         mode, _, n_steps = spec.partition("@")

@@ -189,3 +189,14 @@ def test_heldout_probes_need_probe_prompts_and_a_task_with_a_heldout_split():
     assert run(cost=COST, task={"name": "dataset", "options": {"path": "rows.jsonl"}}, constraint=heldout)
     assert run(cost=COST, task={"name": "verifiers", "options": {"env": "x", "heldout_tasks": 50}},
                constraint=heldout)
+
+
+def test_probe_envs_are_a_control_runs_and_refused_on_a_text_run():
+    # a text run's probe is probe_prompts; probe_envs would be accepted and never used there
+    msg = refused(cost=COST, constraint={"threshold": 0.4, "window": 8, "probe_envs": 8, "probe_steps": 32})
+    assert "constraint.probe_envs steps greedy probe environments of a control run" in msg
+    assert "a text run's probe is constraint.probe_prompts" in msg
+    both = refused(cost=COST, constraint={"threshold": 0.4, "window": 8, "probe_prompts": 8, "probe_envs": 8,
+                                          "probe_steps": 1})
+    assert "a run uses at most one of them" in both
+    assert run(cost=COST, constraint={"threshold": 0.4}).constraint.probe_envs == 0  # off by default

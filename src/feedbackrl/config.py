@@ -360,6 +360,14 @@ class ConstraintConfig(Section):
         "train.seed); heldout: the N held-out problems after the task.heldout_size ones the evaluation and the "
         "release test use (task.heldout(heldout_size + N)[heldout_size:]): the held-out distribution, disjoint "
         "from the evaluated set and never trained on, the same prompts for every seed"))
+    probe_envs: int = Field(0, ge=0, le=10_000, description=(
+        "control runs: 0: the multiplier steps on the sampled training rollout's cost; N > 0: on the cost of the "
+        "current policy acting greedily (the released policy) on N probe environments of their own (env i seeded "
+        "train.seed + 30,000 + i, apart from the training, held-out and benchmark environments), stepped "
+        "constraint.probe_steps steps after each rollout, never trained on: each environment's cost per step "
+        "over those steps is one entry of the window; window must be a multiple of N"))
+    probe_steps: int = Field(0, ge=0, description=(
+        "with probe_envs: the steps each probe environment takes per update (episodes go on across updates)"))
 
     @model_validator(mode="after")
     def _settings_of_its_multiplier(self) -> ConstraintConfig:
@@ -399,6 +407,19 @@ class ConstraintConfig(Section):
             raise ValueError("constraint.bound_per_prompt groups the training batch's costs by prompt, and "
                              "constraint.probe_prompts replaces them (one completion per probe prompt, already one "
                              "cost per prompt): remove one of them")
+        if self.probe_steps and not self.probe_envs:
+            raise ValueError(f"constraint.probe_steps = {self.probe_steps} steps probe environments, and "
+                             "constraint.probe_envs = 0 makes none: set probe_envs or remove probe_steps")
+        if self.probe_envs and not self.probe_steps:
+            raise ValueError(f"constraint.probe_envs = {self.probe_envs} needs constraint.probe_steps >= 1: the "
+                             "steps each probe environment takes per update")
+        if self.probe_envs and self.window % self.probe_envs:
+            raise ValueError(f"constraint.window = {self.window} must be a multiple of constraint.probe_envs = "
+                             f"{self.probe_envs}: each update adds one cost per probe environment, and the window "
+                             "then holds whole updates")
+        if self.probe_envs and self.probe_prompts:
+            raise ValueError("constraint.probe_envs (control runs) and constraint.probe_prompts (text runs) each "
+                             "replace the training batch's costs: a run uses at most one of them")
         return self
 
 
@@ -779,6 +800,10 @@ class RunConfig(Section):
         if k is not None and k.probe_prompts and self.control is not None:
             raise ValueError("constraint.probe_prompts samples prompts of the task; a control run's costs come from "
                              "environment steps, not prompts: remove it")
+        if k is not None and k.probe_envs and self.control is None:
+            raise ValueError("constraint.probe_envs steps greedy probe environments of a control run (algo.name = "
+                             "'control_ppo' with [control]); a text run's probe is constraint.probe_prompts: "
+                             "remove probe_envs and probe_steps")
         if k is not None and k.probe_prompts and self.scale.learner == "fsdp":
             raise ValueError("constraint.probe_prompts with scale.learner = 'fsdp': the probe prompts are sampled "
                              "in one process so far; remove probe_prompts or run without torchrun")

@@ -8,7 +8,7 @@ import pytest
 from feedbackrl.config import build_config
 from feedbackrl.control.envs import cart_off_centre
 
-pytest.importorskip("gymnasium", reason="the control extra installs gymnasium")
+gym = pytest.importorskip("gymnasium", reason="the control extra installs gymnasium")
 
 
 def test_cart_off_centre_counts_either_side_strictly_past_the_limit():
@@ -56,3 +56,87 @@ def test_a_constrained_checkpoint_loads_for_evaluation(tmp_path):
     policy, loaded = load_checkpoint(ckpt)
     assert loaded.constraint == cfg.constraint and policy.critic[-1].out_features == 2
     assert eval_checkpoint(ckpt)["eval/cost"] == report["control_eval_after"]["eval/cost"]
+
+
+class _GreedyCrashes(gym.Env):
+    """A stub driving environment where the greedy and the sampled cost differ by construction. The observation is
+    always 0, so an ActorCritic's logits are its output biases: all 0 before training (a tie, whose argmax is the
+    first action, 0). Action 0 earns a reward of 1 and crashes (the `collision` cost: 1); action 1 earns nothing
+    and never crashes. Episodes are cut after 8 steps; a crash does not end one."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {"crashed": False, "off_road": False}
+
+    def step(self, action):
+        self.t += 1
+        crash = int(action) == 0
+        return np.zeros(4, np.float32), float(crash), False, self.t >= 8, {"crashed": crash, "off_road": False}
+
+
+@pytest.fixture
+def greedy_crashes():
+    name = "FeedbackrlTestGreedyCrashes-v0"
+    gym.register(id=name, entry_point=_GreedyCrashes)
+    yield name
+    del gym.registry[name]
+
+
+def test_the_multiplier_steps_on_the_greedy_probe_cost_not_the_sampled_one(tmp_path, greedy_crashes):
+    import math
+
+    import torch
+
+    from feedbackrl.control.loop import load_checkpoint
+    from feedbackrl.train.run import run
+
+    def go(out, **probe):
+        cfg = build_config({"algo": {"name": "control_ppo", "steps": 3, "minibatches": 2},
+                            "control": {"env": greedy_crashes, "num_envs": 2, "rollout_steps": 16,
+                                        "eval_episodes": 1, "cost": "collision"},
+                            "train": {"threads": 1, "checkpoint_every": 1},
+                            "constraint": {"threshold": 1.0, "init": 0.1, "lr": 1.0, "window": 6, **probe}})
+        run(cfg, out)
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if r.get("phase") == "rl"]
+
+    probed = go(tmp_path / "probed", probe_envs=2, probe_steps=5)
+    # the greedy cost computed by hand: 1 per step while the policy that made the rollout prefers action 0 (the
+    # untrained policy by its tie; after that, the checkpoint of the step before)
+    greedy = [1.0]
+    for step in (1, 2):
+        policy, _ = load_checkpoint(tmp_path / "probed" / "checkpoints" / f"step_{step:06d}")
+        greedy.append(float(int(policy.actor(torch.zeros(1, 4)).argmax(-1)) == 0))
+    assert greedy == [1.0, 1.0, 1.0]  # the reward (weighted 1 against lambda 0.1) keeps action 0 the greedy one
+    # J_C: the mean of the window's probe entries (2 environments per update, window 6: all three updates), each
+    # the environment's greedy cost per step over its 5 steps
+    want = [sum(greedy[:i + 1]) / (i + 1) for i in range(3)]
+    assert [r["constraint/probe_cost"] for r in probed] == [1.0, 1.0, 1.0]
+    assert [r["constraint/cost_window_mean"] for r in probed] == want == [1.0, 1.0, 1.0]
+    # J_C = d: log lambda moves by lr * lambda * 0, lambda stays where it started
+    assert [r["constraint/lambda"] for r in probed] == [math.exp(math.log(0.1))] * 3
+    # the sampled rollout took action 1 too (cost per step under 1), which the multiplier did not see ...
+    assert all(0.0 < r["cost/mean"] < 1.0 for r in probed)
+    # ... and without probes it steps on exactly that: J_C is the window's mean of the rollout's per-environment
+    # costs, under d, so lambda falls
+    sampled = go(tmp_path / "sampled")
+    assert sampled[0]["constraint/cost_window_mean"] == pytest.approx(sampled[0]["cost/mean"], abs=1e-7)
+    assert sampled[0]["constraint/cost_window_mean"] < 1.0 and sampled[0]["constraint/lambda"] < 0.1
+    assert "constraint/probe_cost" not in sampled[0]
+
+
+def test_probe_environments_are_seeded_apart_from_the_held_out_ones():
+    from feedbackrl.control.loop import HELDOUT_SEED_OFFSET, READING_SEED_OFFSET, probe_seeds
+
+    assert probe_seeds(7, 3) == [30_007, 30_008, 30_009]
+    for seed in (0, 10, 22):
+        probes = set(probe_seeds(seed, 10_000))  # constraint.probe_envs is at most 10,000
+        readings = {seed + READING_SEED_OFFSET + i for i in range(10_000)}  # benchmarks/policy_cost.py
+        heldout = {seed + HELDOUT_SEED_OFFSET + i for i in range(10_000)}  # report.json, `feedbackrl eval`
+        training = {seed + i for i in range(10_000)}
+        assert len(probes) == 10_000 and not probes & readings and not probes & heldout and not probes & training
+    assert READING_SEED_OFFSET == 50_000 and HELDOUT_SEED_OFFSET == 10_000

@@ -1,6 +1,7 @@
 """PPO on CartPole through the run path: it learns, resumes bit for bit, and refuses malformed recipes."""
 
 import json
+import pickle
 
 import pytest
 import torch
@@ -39,7 +40,9 @@ def test_short_cartpole_run_raises_the_true_return(tmp_path):
 def _final(run_dir):
     """The last checkpoint of a run: (its dir, its trainer state with the control loop's RNG streams)."""
     ckpt = latest_checkpoint(run_dir)
-    names = ["generator"] + (["learner_generator"] if "learner" in load_trainer_state(ckpt).loop_state else [])
+    loop_state = load_trainer_state(ckpt).loop_state
+    names = ["generator"] + (["learner_generator"] if "learner" in loop_state else []) + \
+        (["probe_generator"] if "probe_collector" in loop_state else [])
     return ckpt, load_trainer_state(ckpt, names)
 
 
@@ -48,6 +51,9 @@ RESUMABLE = {
     "preferences": {"control": {"reward": "preferences",
                                 "preferences": {"segment_len": 16, "labels": 24, "rounds": 3, "epochs": 5}}},
     "lagrangian": {"control": {"cost": "cart_off_centre"}, "constraint": {"threshold": 0.01, "window": 8}},
+    # the multiplier on the greedy cost of probe environments of its own, whose episodes go on across updates
+    "lagrangian_greedy_probe": {"control": {"cost": "cart_off_centre"},
+                                "constraint": {"threshold": 0.01, "window": 8, "probe_envs": 2, "probe_steps": 48}},
 }
 
 
@@ -83,6 +89,17 @@ def test_resume_is_bit_exact(tmp_path, extra):
         assert torch.equal(la["labels"], lb["labels"])
         for name, tensor in la["model"].items():
             assert torch.equal(tensor, lb["model"][name]), name
+    if "probe_envs" in extra.get("constraint", {}):  # the probe environments mid-episode, and their stream
+        pa, pb = a.loop_state["probe_collector"], b.loop_state["probe_collector"]
+        ea, eb = pickle.loads(pa["envs"]), pickle.loads(pb["envs"])
+        for x, y in zip(ea, eb, strict=True):  # each CartPole's physical state and its random stream
+            assert x.unwrapped.state.tolist() == y.unwrapped.state.tolist()
+            assert x.unwrapped.np_random.bit_generator.state == y.unwrapped.np_random.bit_generator.state
+        assert (pa["obs"] == pb["obs"]).all()
+        assert all((pa[k] == pb[k]).all() for k in ("ep_return", "ep_len", "ep_cost"))
+        assert torch.equal(a.rngs["probe_generator"], b.rngs["probe_generator"])
+    else:
+        assert "probe_collector" not in a.loop_state and "probe_generator" not in a.rngs
     if "constraint" in extra:
         assert load_extra(ckpt_a, CONSTRAINT_FILE) == load_extra(ckpt_b, CONSTRAINT_FILE)
     else:
@@ -127,6 +144,16 @@ def test_continuous_actions_run_on_pendulum(tmp_path):
      "must divide control.num_envs"),
     ({"algo": {"name": "control_ppo"}, "control": {}, "constraint": {"threshold": 0.1}}, "set control.cost"),
     ({"algo": {"name": "control_ppo"}, "control": {"num_envs": 0}}, "control.num_envs"),
+    ({"algo": {"name": "control_ppo"}, "control": {"cost": "collision"},
+      "constraint": {"threshold": 0.1, "window": 8, "probe_envs": 3, "probe_steps": 4}},
+     "constraint.window = 8 must be a multiple of constraint.probe_envs = 3"),
+    ({"algo": {"name": "control_ppo"}, "control": {"cost": "collision"},
+      "constraint": {"threshold": 0.1, "probe_envs": 4}}, "probe_envs = 4 needs constraint.probe_steps >= 1"),
+    ({"algo": {"name": "control_ppo"}, "control": {"cost": "collision"},
+      "constraint": {"threshold": 0.1, "probe_steps": 32}}, "constraint.probe_envs = 0 makes none"),
+    ({"algo": {"name": "control_ppo"}, "control": {"cost": "collision"},
+      "constraint": {"threshold": 0.1, "probe_envs": 10_001, "probe_steps": 1}},
+     "constraint.probe_envs: Input should be less than or equal to 10000"),
     ({"algo": {"name": "control_ppo"}, "control": {}, "cost": {"source": "regex", "pattern": "a"}},
      "a control run's cost is control.cost"),
     ({"algo": {"name": "control_ppo"}, "control": {}, "eval": {"every": 5, "pass_k": 2}}, "eval.pass_k is a setting"),

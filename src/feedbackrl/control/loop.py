@@ -5,9 +5,10 @@ Each step, read top to bottom: (1) roll out control.num_envs environments for co
 due and the learned reward; (3) advantages with GAE (`rollout.rollout_advantages` over `algos.ppo.gae`),
 whitened with `algos.ppo.whiten`; with a [constraint], the cost's advantages from a second value head,
 combined with `algos.constrained.combined_advantages` under the text loop's `train/constraint.py:Multiplier`
-(gradient ascent on log lambda or PID, `constraint.bound_delta` included); (4) PPO epochs over shuffled
-minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log; (6) the periodic eval and the
-monitors; (7) the monitors' actions; then the periodic checkpoint.
+(gradient ascent on log lambda or PID, `constraint.bound_delta` included), stepped on the rollout's cost or,
+with `constraint.probe_envs`, on the cost of the same policy acting greedily on probe environments of its own;
+(4) PPO epochs over shuffled minibatches with `algos.ppo.ppo_policy_loss` and `value_loss`; (5) log; (6) the
+periodic eval and the monitors; (7) the monitors' actions; then the periodic checkpoint.
 
 Shared with the text loop (`train/onpolicy.py:train_on_policy`):
 - the losses and advantages in `algos/` and the `Multiplier`;
@@ -81,6 +82,18 @@ from feedbackrl.train.checkpoint import (
 from feedbackrl.train.constraint import CONSTRAINT_FILE, Multiplier
 from feedbackrl.train.monitoring import after_step, roll_back
 
+# Environment i of each kind is seeded train.seed + offset + i (training environments: offset 0).
+HELDOUT_SEED_OFFSET = 10_000  # the greedy held-out episodes of `evaluate` (report.json, `feedbackrl eval`)
+PROBE_SEED_OFFSET = 30_000  # the greedy probe environments of constraint.probe_envs (at most 10,000 of them)
+READING_SEED_OFFSET = 50_000  # the held-out readings of benchmarks/policy_cost.py
+
+
+def probe_seeds(seed: int, n_envs: int) -> list[int]:
+    """The seeds of `constraint.probe_envs` greedy probe environments: train.seed + 30,000 + i. Apart from the
+    training environments (seed + i), the greedy held-out episodes (seed + 10,000 + i) and the held-out readings of
+    `benchmarks/policy_cost.py` (seed + 50,000 + i), for up to 10,000 of each."""
+    return [seed + PROBE_SEED_OFFSET + i for i in range(n_envs)]
+
 
 def _cost_fn(name: str) -> CostFn | None:
     if not name:
@@ -145,7 +158,7 @@ def eval_checkpoint(ckpt: Path, video: Path | None = None, max_steps: int = 500)
     """`feedbackrl eval` of a control run: the greedy held-out evaluation of training (`eval/*`, the same
     seeds) and, with `video`, a clip (.gif or .mp4) of the first held-out episode, cut at `max_steps`."""
     policy, cfg = load_checkpoint(ckpt)
-    seed = cfg.train.seed + 10_000
+    seed = cfg.train.seed + HELDOUT_SEED_OFFSET
     result: dict[str, Any] = {"checkpoint": str(ckpt), "env": cfg.control.env, **evaluate(policy, cfg, seed)}
     if video is not None:
         from feedbackrl.control.video import record_episode, write_video
@@ -225,32 +238,41 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     learner = PreferenceLearner(c.preferences, obs_dim, act_dim, discrete, a.steps,
                                 torch.Generator().manual_seed(seed + 1), ask) if c.reward == "preferences" else None
     multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
+    k = cfg.constraint
+    # constraint.probe_envs: the multiplier's cost is the current policy's greedy cost on environments of its own
+    probe = Collector(make_vec_env(c.env, k.probe_envs, c.env_options), probe_seeds(seed, 1)[0], _cost_fn(c.cost)) \
+        if k is not None and k.probe_envs else None
+    probe_gen = torch.Generator().manual_seed(probe_seeds(seed, 1)[0]) if probe is not None else None
     monitor = Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
     files = ModuleFiles(policy, model_config)  # the checkpoints' policy files: policy.pt and config.json
-    rngs = {"generator": gen, **({"learner_generator": learner.generator} if learner is not None else {})}
+    rngs = {"generator": gen, **({"learner_generator": learner.generator} if learner is not None else {}),
+            **({"probe_generator": probe_gen} if probe_gen is not None else {})}
     start, before, last = 0, None, None
     if ckpt is not None:
         policy.load_state_dict(files.load_weights(ckpt))
         saved = restore(ckpt, optimizer, rngs)
         collector.load_state_dict(saved.loop_state["collector"])  # the environments mid-episode
+        if probe is not None:
+            probe.load_state_dict(saved.loop_state["probe_collector"])
         if learner is not None:
             learner.load_state_dict(saved.loop_state["learner"])
         if multiplier is not None:
             multiplier.load_state_dict(load_extra(ckpt, CONSTRAINT_FILE))
         start, before, last = saved.step, saved.loop_state["eval_before"], saved.loop_state["episode_means"]
     else:
-        before = evaluate(policy, cfg, seed + 10_000)
+        before = evaluate(policy, cfg, seed + HELDOUT_SEED_OFFSET)
         sink.log(0, {"phase": "eval", **before})
 
     def checkpoint(step: int) -> None:  # the text loop's writer: train/checkpoint.py
         loop_state = {"collector": collector.state_dict(), "eval_before": before, "episode_means": last,
-                      **({"learner": learner.state_dict()} if learner is not None else {})}
+                      **({"learner": learner.state_dict()} if learner is not None else {}),
+                      **({"probe_collector": probe.state_dict()} if probe is not None else {})}
         optimizer_state = optimizer.state_dict() if cfg.train.save_optimizer else None
         save_checkpoint(out_dir, step, files, optimizer_state, rngs, cfg.model_dump_json(indent=2), loop_state,
                         {CONSTRAINT_FILE: multiplier.state_dict()} if multiplier is not None else None)
 
     def on_eval(step: int) -> dict[str, float]:
-        return evaluate(policy, cfg, seed + 10_000)
+        return evaluate(policy, cfg, seed + HELDOUT_SEED_OFFSET)
 
     if monitor is not None and monitor.needs_rollback and latest_checkpoint(out_dir) is None:
         checkpoint(start)  # something to roll back to before the first periodic checkpoint
@@ -283,7 +305,16 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
             if multiplier is not None:
                 adv_c, ret_c = rollout_advantages(ro.costs, ro.values[..., 1], ro.terminated, ro.truncated,
                                                   ro.boot_values[..., 1], ro.last_values[:, 1], a.gamma, a.lam)
-                cstats = multiplier.update(ro.costs.mean(0))  # each environment's cost per step over this rollout
+                if probe is None:  # each training environment's cost per step over this rollout (sampled)
+                    cstats = multiplier.update(ro.costs.mean(0))
+                else:  # each probe environment's cost per step, the policy that made this rollout acting greedily
+                    t_probe, cpu_probe = time.perf_counter(), time.process_time()
+                    probe_ro = probe.collect(_Greedy(policy), k.probe_steps, probe_gen)
+                    cstats = multiplier.update(probe_ro.costs.mean(0))
+                    cstats.update({"constraint/probe_cost": float(probe_ro.costs.mean()),
+                                   "constraint/probe_episodes": len(probe_ro.episodes),
+                                   "perf/probe_s": time.perf_counter() - t_probe,
+                                   "perf/probe_cpu_s": time.process_time() - cpu_probe})
                 adv_w = combined_advantages(adv_w, whiten(adv_c.reshape(1, -1), ones).view_as(adv_c), multiplier.lam)
                 returns = torch.stack([ret, ret_c], -1)
                 metrics.update(cstats)
@@ -319,9 +350,11 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
         checkpoint(end)
     train_s = time.perf_counter() - t0
     last_step = end if a.steps > start else start
-    after = evaluate(policy, cfg, seed + 10_000)
+    after = evaluate(policy, cfg, seed + HELDOUT_SEED_OFFSET)
     sink.log(last_step, {"phase": "eval", **after})
     collector.envs.close()
+    if probe is not None:
+        probe.envs.close()
     console.print(f"{c.env}: greedy return {before['eval/return']:.1f} -> {after['eval/return']:.1f} over "
                   f"{c.eval_episodes} held-out episodes")
     report = {"env": c.env, "reward_signal": c.reward, "env_steps": last_step * steps_per_update,
