@@ -106,19 +106,22 @@ assist-demo: $(TEST_STAMP)
 # highway_speed_safe.toml now steps its multiplier on greedy probe environments (constraint.probe_envs); the
 # confirmation of that, seeds 20-22, went under a section of the results file of its own:
 #   make highway-constraint HW_SEEDS='20 21 22' HW_SECTION=greedy_probe_seeds_20_22
-# (HW_SECTION unset rewrites the file's top level, where the seeds 0-2 runs without probes are).
+# (HW_SECTION unset rewrites the file's top level, where the seeds 0-2 runs without probes are). HW_SAFE names
+# the constrained arm's recipe: HW_SAFE=highway_speed_safe_pid for the PID multiplier (seeds 40, 60, 80).
 HW_SEEDS ?= 0 1 2
 HW_OUT ?= runs/highway_constraint
 HW_SECTION ?=
+HW_SAFE ?= highway_speed_safe
 highway-constraint: $(TEST_STAMP)
 	for s in $(HW_SEEDS); do for arm in ppo safe; do \
-		OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/highway_speed_$$arm.toml --out $(HW_OUT)/$${arm}_$$s \
+		r=highway_speed_$$arm; [ $$arm = safe ] && r=$(HW_SAFE); \
+		OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/$$r.toml --out $(HW_OUT)/$${arm}_$$s \
 			--set train.seed=$$s || exit 1; done; done
 	OMP_NUM_THREADS=1 $(PY) benchmarks/policy_cost.py $(HW_OUT)/policy_cost.json --modes greedy@2560,sampled@2560 \
 		$(foreach s,$(HW_SEEDS),ppo_$(s)=$(HW_OUT)/ppo_$(s) safe_$(s)=$(HW_OUT)/safe_$(s))
 	$(PY) benchmarks/constraint_runs.py benchmarks/results/highway_speed_constraint.json \
 		$(if $(HW_SECTION),--section $(HW_SECTION)) --policy-cost $(HW_OUT)/policy_cost.json \
-		--command "make highway-constraint HW_SEEDS='$(HW_SEEDS)'$(if $(HW_SECTION), HW_SECTION=$(HW_SECTION))" \
+		--command "make highway-constraint HW_SEEDS='$(HW_SEEDS)'$(if $(HW_SECTION), HW_SECTION=$(HW_SECTION))$(if $(filter-out highway_speed_safe,$(HW_SAFE)), HW_SAFE=$(HW_SAFE))" \
 		$(foreach s,$(HW_SEEDS),ppo_$(s)=$(HW_OUT)/ppo_$(s) safe_$(s)=$(HW_OUT)/safe_$(s))
 
 test: $(TEST_STAMP) $(VF_STAMP)

@@ -140,3 +140,39 @@ def test_probe_environments_are_seeded_apart_from_the_held_out_ones():
         training = {seed + i for i in range(10_000)}
         assert len(probes) == 10_000 and not probes & readings and not probes & heldout and not probes & training
     assert READING_SEED_OFFSET == 50_000 and HELDOUT_SEED_OFFSET == 10_000
+
+
+def test_a_pid_multiplier_steps_on_the_greedy_probe_cost(tmp_path, greedy_crashes):
+    import torch
+
+    from feedbackrl.control.loop import load_checkpoint
+    from feedbackrl.train.checkpoint import load_extra
+    from feedbackrl.train.constraint import CONSTRAINT_FILE
+    from feedbackrl.train.run import run
+
+    out = tmp_path / "pid"
+    cfg = build_config({"algo": {"name": "control_ppo", "steps": 3, "minibatches": 2},
+                        "control": {"env": greedy_crashes, "num_envs": 2, "rollout_steps": 16,
+                                    "eval_episodes": 1, "cost": "collision"},
+                        "train": {"threads": 1, "checkpoint_every": 1},
+                        "constraint": {"threshold": 0.5, "multiplier": "pid", "kp": 0.25, "ki": 0.125, "init": 0.1,
+                                       "window": 6, "probe_envs": 2, "probe_steps": 5}})
+    run(cfg, out)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r.get("phase") == "rl"]
+    # the greedy action is 0 (reward 1, crash 1) at every update: the untrained policy by its tie, then the
+    # checkpoints of the steps before, lambda staying under 1 (the reward outweighs the cost in the combined
+    # advantage); so each probe environment's greedy cost per step is 1 and J_C, their window's mean, is 1
+    for step in (1, 2):
+        policy, loaded = load_checkpoint(out / "checkpoints" / f"step_{step:06d}")
+        assert int(policy.actor(torch.zeros(1, 4)).argmax(-1)) == 0
+    assert loaded.constraint == cfg.constraint
+    assert [r["constraint/probe_cost"] for r in rl] == [1.0, 1.0, 1.0]
+    assert [r["constraint/cost_window_mean"] for r in rl] == [1.0, 1.0, 1.0]
+    # by hand (Stooke et al.'s PID, kd = 0): violation 1 - 0.5 = 0.5 each update, integral 0.5, 1.0, 1.5,
+    # lambda = 0.25 x 0.5 + 0.125 x integral (all exact in binary floating point)
+    assert [r["constraint/violation"] for r in rl] == [0.5, 0.5, 0.5]
+    assert [r["constraint/integral"] for r in rl] == [0.5, 1.0, 1.5]
+    assert [r["constraint/lambda"] for r in rl] == [0.1875, 0.25, 0.3125]
+    saved = load_extra(out / "checkpoints" / "step_000003", CONSTRAINT_FILE)
+    assert saved["multiplier"] == "pid" and saved["state"]["lam"] == 0.3125
