@@ -68,7 +68,7 @@ def main() -> None:
     sets = {"evaluated": task.heldout(n), "heldout_probes": heldout_probes(task, n, k.probe_prompts)}
     train_cfg = k.model_copy(update={"probe_from": "train"})
     for s in args.train_seeds:
-        sets[f"train_probes_seed{s}"] = ProbeSet.draw(task, train_cfg, s).problems
+        sets[f"train_probes_seed{s}"] = ProbeSet.draw(task, train_cfg, s, n).problems
     torch.set_num_threads(1)  # one thread: a shared machine
     rows: dict[str, Any] = {"recipe": str(args.recipe), "heldout_size": n, "probe_prompts": k.probe_prompts,
                             "samples": args.samples, "models": {}}

@@ -215,14 +215,14 @@ def test_the_probe_set_comes_from_the_training_distribution_seeded_by_the_run():
 
     task = ReverseTask(min_len=3, max_len=7, alphabet_size=10)
     cfg = ConstraintConfig(threshold=0.4, window=200, probe_prompts=200, probe_per_step=50)
-    probe = ProbeSet.draw(task, cfg, seed=0)
+    probe = ProbeSet.draw(task, cfg, seed=0, heldout_size=0)
     heldout = {p.prompt for p in task.heldout(1000)}
     assert len(probe.problems) == 200 and not heldout & {p.prompt for p in probe.problems}
     assert (probe.per_step, probe.fill, probe.position) == (50, 200, 0)
-    again, other = ProbeSet.draw(task, cfg, seed=0), ProbeSet.draw(task, cfg, seed=1)
+    again, other = ProbeSet.draw(task, cfg, seed=0, heldout_size=0), ProbeSet.draw(task, cfg, seed=1, heldout_size=0)
     assert fingerprint(again.problems) == fingerprint(probe.problems) != fingerprint(other.problems)
     assert torch_equal_states(again, probe)
-    all_at_once = ProbeSet.draw(task, cfg.model_copy(update={"probe_per_step": 0}), seed=0)
+    all_at_once = ProbeSet.draw(task, cfg.model_copy(update={"probe_per_step": 0}), seed=0, heldout_size=0)
     assert all_at_once.per_step == 200  # 0: every probe prompt every step
 
 

@@ -240,9 +240,10 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     multiplier = Multiplier.from_config(cfg.constraint) if cfg.constraint is not None else None
     k = cfg.constraint
     # constraint.probe_envs: the multiplier's cost is the current policy's greedy cost on environments of its own
-    probe = Collector(make_vec_env(c.env, k.probe_envs, c.env_options), probe_seeds(seed, 1)[0], _cost_fn(c.cost)) \
+    probe_seed = seed + PROBE_SEED_OFFSET  # environment i: probe_seeds(seed, n)[i]
+    probe = Collector(make_vec_env(c.env, k.probe_envs, c.env_options), probe_seed, _cost_fn(c.cost)) \
         if k is not None and k.probe_envs else None
-    probe_gen = torch.Generator().manual_seed(probe_seeds(seed, 1)[0]) if probe is not None else None
+    probe_gen = torch.Generator().manual_seed(probe_seed) if probe is not None else None
     monitor = Monitor(cfg.monitors, out_dir) if cfg.monitors.enabled else None
     files = ModuleFiles(policy, model_config)  # the checkpoints' policy files: policy.pt and config.json
     rngs = {"generator": gen, **({"learner_generator": learner.generator} if learner is not None else {}),

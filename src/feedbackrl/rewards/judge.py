@@ -300,12 +300,14 @@ class LogprobPointwiseJudge:
         for p, c in zip(problems, completions, strict=True):
             msgs = self.messages(p, c)
             keys.append(k := self._key(msgs))
+            if k in found or k in todo:  # a repeat within the batch
+                continue
             with self._lock:
                 hit = self.cache.get(k)
             if hit is not None:
                 found[k] = hit
-            elif k not in found:
-                todo.setdefault(k, msgs)
+            else:
+                todo[k] = msgs
         t0 = time.perf_counter()
         if todo:
             scored = choice_logprobs_batch(self.scorer, list(todo.values()), self.choices, self.batch_size)

@@ -113,7 +113,7 @@ class ProbeSet:
     calls: int = 0
 
     @classmethod
-    def draw(cls, task: Task, cfg: ConstraintConfig, seed: int, heldout_size: int = 0) -> ProbeSet:
+    def draw(cls, task: Task, cfg: ConstraintConfig, seed: int, heldout_size: int) -> ProbeSet:
         """`cfg.probe_prompts` prompts: with probe_from = "train" from `task.sample` with an RNG of their own
         (seeded by `seed`, train.seed); with "heldout" the held-out problems after the first `heldout_size`
         (task.heldout_size, the evaluated ones): `heldout_probes`."""
