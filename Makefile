@@ -71,12 +71,12 @@ test-vllm: $(VLLM_STAMP)
 demo: setup
 	$(VENV)/bin/feedbackrl demo --out runs/demo
 
-# Safe RL toy (docs/safety.md): unconstrained GRPO and GRPO-Lagrangian on word reversal, seeds 50-55 (the current
-# recipe's margin was chosen on seeds 40-42; 50-55 were not used to choose anything), from one shared SFT
+# Safe RL toy (docs/safety.md): unconstrained GRPO and GRPO-Lagrangian on word reversal, seeds 70-75 (the current
+# recipes' 180 steps were chosen on seeds 60-62; 70-75 were not used to choose anything), from one shared SFT
 # warm start; the release test on each; runs/safe_demo/summary.json, benchmarks/results/safe_demo.json and
-# docs/safety.png. One run at a time, one thread: ~30 min on a loaded 2-core machine.
+# docs/safety.png. One run at a time, one thread: ~1 h on a loaded 2-core machine.
 safe-demo: setup
-	OMP_NUM_THREADS=1 $(PY) examples/safe_demo.py --out runs/safe_demo --seeds 50 51 52 53 54 55 \
+	OMP_NUM_THREADS=1 $(PY) examples/safe_demo.py --out runs/safe_demo --seeds 70 71 72 73 74 75 \
 		--results benchmarks/results/safe_demo.json
 
 # The same toy with PPO and PPO-Lagrangian (recipes/reverse_safe_ppo.toml), seeds 0-2, from the GRPO demo's SFT
