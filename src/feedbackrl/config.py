@@ -171,7 +171,11 @@ class ControlPPOConfig(Section):
     name: Literal["control_ppo"] = Field("control_ppo", description="algorithm")
     steps: int = Field(50, ge=0, description="training steps, one rollout of control.num_envs x "
                        "control.rollout_steps environment steps each")
-    lr: float = Field(2.5e-4, gt=0, le=1, description="Adam learning rate (actor and critic), annealed linearly to 0")
+    lr: float = Field(2.5e-4, gt=0, le=1, description="Adam learning rate (actor and critic), annealed linearly "
+                      "towards lr_final x lr")
+    lr_final: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description=(
+        "where the learning rate's linear annealing heads, as a fraction of lr: update u of algo.steps trains at "
+        "lr x (1 - (1 - lr_final) (u - 1) / steps); 0 = to 0 (CleanRL's schedule), 1 = constant"))
     max_grad_norm: float = Field(0.5, gt=0, description="gradient clipping norm")
     epochs: int = Field(4, ge=1, le=64, description="optimisation passes over each rollout")
     minibatches: int = Field(4, ge=1, description="optimizer steps per epoch (splits the rollout)")

@@ -53,7 +53,7 @@ from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import ConfigError, ControlPPOConfig, RunConfig
 from feedbackrl.control.envs import make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
-from feedbackrl.control.rollout import Collector, minibatch_indices, rollout_advantages
+from feedbackrl.control.rollout import Collector, annealed_lr, minibatch_indices, rollout_advantages
 from feedbackrl.log import MetricsSink, console
 from feedbackrl.train.checkpoint import ModuleFiles, save_checkpoint
 
@@ -255,7 +255,7 @@ def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int, demos: tuple
     log: list[dict[str, Any]] = [{"update": 0, "env_steps": 0, **evaluate(policy, cfg, seed + 10_000)}]
     for u in range(1, cfg.updates + 1):
         for group in optimizer.param_groups:
-            group["lr"] = a.lr * (1 - (u - 1) / cfg.updates)
+            group["lr"] = annealed_lr(a.lr, u, cfg.updates, a.lr_final)
         ro = collector.collect(agent, cfg.rollout_steps, gen)
         taken, agent_actions, expert_actions = agent.pop()
         rewards = ro.rewards - cfg.takeover_penalty * taken.float()

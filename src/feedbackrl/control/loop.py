@@ -42,8 +42,8 @@ steps in `loss`) fits the shape of that contract but not its types; (c) the text
 optional per task kind (the frozen reference, `train.precision` autocast, micro-batches, `torchrun` ranks and
 sharding, Ray and vLLM collectors, probe prompts, transcripts, staleness); and (d) this loop's own choices kept,
 to leave its results unchanged: a permutation drawn every epoch even with one minibatch, Adam with eps 1e-5
-(the text loop uses fused AdamW), the learning rate annealed linearly to 0, the labelling rounds inside the
-step. That is a change to every objective and collector, not a wrapper over the two loops; until it is made,
+(the text loop uses fused AdamW), the learning rate annealed linearly (to 0 unless algo.lr_final), the
+labelling rounds inside the step. That is a change to every objective and collector, not a wrapper over the two loops; until it is made,
 the two loops share everything after the update (steps 6 and 7 and the checkpoint) by calling the same
 functions.
 """
@@ -66,7 +66,7 @@ from feedbackrl.control.assist import run_recipe
 from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
-from feedbackrl.control.rollout import Collector, Rollout, minibatch_indices, rollout_advantages
+from feedbackrl.control.rollout import Collector, Rollout, annealed_lr, minibatch_indices, rollout_advantages
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.monitors.report import alerts_section
@@ -282,8 +282,8 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     with stack, progress() as bar:
         task = bar.add_task("control_ppo", total=a.steps, completed=start, info="")
         for step in range(start + 1, a.steps + 1):
-            for group in optimizer.param_groups:  # linear annealing to 0, as CleanRL and SB3's examples do
-                group["lr"] = a.lr * (1.0 - (step - 1) / a.steps)
+            for group in optimizer.param_groups:  # linear annealing to algo.lr_final x lr (0: CleanRL's schedule)
+                group["lr"] = annealed_lr(a.lr, step, a.steps, a.lr_final)
             # 1. roll out
             t_roll = time.perf_counter()
             clips = shrink if learner is not None and ask is not None and learner.round_due(step - 1) else None
