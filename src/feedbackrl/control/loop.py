@@ -44,8 +44,8 @@ sharding, Ray and vLLM collectors, probe prompts, transcripts, staleness); and (
 to leave its results unchanged: a permutation drawn every epoch even with one minibatch, Adam with eps 1e-5
 (the text loop uses fused AdamW), the learning rate annealed linearly (to 0 unless algo.lr_final), the
 labelling rounds inside the step. That is a change to every objective and collector, not a wrapper over the two
-loops; until it is made, the two loops share everything after the update (steps 6 and 7 and the checkpoint) by calling the same
-functions.
+loops; until it is made, the two loops share everything after the update (steps 6 and 7 and the checkpoint) by
+calling the same functions.
 """
 
 from __future__ import annotations
