@@ -58,10 +58,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from feedbackrl.algos.constrained import combined_advantages
 from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
-from feedbackrl.config import ConfigError, ConstraintConfig, ControlPPOConfig, RunConfig
+from feedbackrl.config import ConfigError, ConstraintConfig, ControlAssistConfig, ControlPPOConfig, RunConfig
 from feedbackrl.control.assist import run_recipe
 from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
@@ -139,13 +140,23 @@ class _Greedy:
         return self.policy.values(obs)
 
 
+def _given(section: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """A saved config section without the entries that hold the model's defaults."""
+    return {k: v for k, v in section.items() if v != model.model_fields[k].default}
+
+
 def load_checkpoint(ckpt: Path) -> tuple[ActorCritic, RunConfig]:
     """A control checkpoint dir -> its policy (in eval mode) and the run's config."""
     saved = json.loads((ckpt / CONFIG_FILE).read_text())  # every field written; a control run reads these
-    if saved.get("constraint") is not None:  # every field was written, the other multiplier's defaults too: they
-        # would read as set and be refused (constraint.kd with multiplier = "lagrangian"), so defaults are dropped
-        saved["constraint"] = {k: v for k, v in saved["constraint"].items()
-                               if v != ConstraintConfig.model_fields[k].default}
+    # every field was written, defaults too: where a setting's mere presence is refused beside another (constraint.kd
+    # with multiplier = "lagrangian", algo.lr or control.assist.takeover with control.assist.mode = "dagger"), a
+    # default would read as set, so the defaults of those sections are dropped
+    if saved.get("constraint") is not None:
+        saved["constraint"] = _given(saved["constraint"], ConstraintConfig)
+    assist = (saved.get("control") or {}).get("assist")
+    if assist is not None:
+        saved["control"]["assist"] = _given(assist, ControlAssistConfig)
+        saved["algo"] = {"name": saved["algo"]["name"], **_given(saved["algo"], ControlPPOConfig)}
     cfg = RunConfig.model_validate({k: saved[k] for k in ("algo", "control", "train", "constraint")
                                     if saved.get(k) is not None})
     m = json.loads((ckpt / MODEL_CONFIG).read_text())
