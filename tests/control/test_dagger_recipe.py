@@ -112,3 +112,19 @@ def test_the_recipe_path_is_assist_dagger_itself(tmp_path):
     direct = dagger(copy.deepcopy(warm), a, 0, obs, actions)[1:]
     keys = ("dagger/labels", "dagger/disagreement", "bc/nll", "eval/return", "eval/success")
     assert [[r[k] for k in keys] for r in rl] == [[r[k] for k in keys] for r in direct]
+
+
+def test_feedbackrl_eval_writes_a_clip_of_a_dagger_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from feedbackrl.cli import app
+    from feedbackrl.train.run import run
+
+    pytest.importorskip("imageio.v3", reason="the control extra installs imageio")
+    out = tmp_path / "run"
+    report = run(build_config(_raw(rounds=1)), out)
+    result = CliRunner().invoke(app, ["eval", str(out), "--video", str(tmp_path / "clip.gif"), "--max-steps", "30"])
+    assert result.exit_code == 0, result.output
+    ev = json.loads(result.stdout[result.stdout.index("{"):])
+    assert ev["eval/return"] == pytest.approx(report["control_eval_after"]["eval/return"])
+    assert ev["video"]["frames"] == ev["video"]["episode/length"] + 1 <= 31 and (tmp_path / "clip.gif").stat().st_size
