@@ -20,7 +20,7 @@ IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.feedbackrl-vllm-installed
 
-.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo highway-constraint test test-all test-isa lint bench smollm2 smollm2-word smollm2-tools judge-smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
+.PHONY: setup demo safe-demo safe-demo-ppo secret-demo assist-demo dagger-demo highway-constraint test test-all test-isa lint bench smollm2 smollm2-word smollm2-tools judge-smollm2 verifiers-venv imitation-venv vllm-venv test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -97,6 +97,13 @@ secret-demo: setup
 # takeover rate per update). Needs the control extra (installed with the test extras). One thread, ~2 min.
 assist-demo: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/cartpole_assist.toml --out runs/cartpole_assist
+
+# DAgger on CartPole-v1 (docs/control.md, "From a recipe"): behaviour cloning on the expert's noisy demonstrations,
+# then 20 rounds in which the expert labels every state the agent visited and the policy is cloned on all labels so
+# far (recipes/cartpole_dagger.toml); runs/cartpole_dagger/report.json and metrics.jsonl (eval/success and
+# dagger/labels per round). Needs the control extra (installed with the test extras). One thread, ~1 min.
+dagger-demo: $(TEST_STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/feedbackrl train recipes/cartpole_dagger.toml --out runs/cartpole_dagger
 
 # A collision constraint that binds (docs/control.md, "A constraint that binds"): unconstrained PPO and PPO-Lagrangian
 # on highway-fast-v0 with a reward for speed only and the crash as the cost (recipes/highway_speed_ppo.toml and

@@ -38,6 +38,7 @@ def one_run(run_dir: Path) -> dict[str, Any]:
     report = json.loads((run_dir / "report.json").read_text())
     out: dict[str, Any] = {
         "run_dir": str(run_dir), "seed": config["train"]["seed"], "constraint": config.get("constraint"),
+        "lr_final": config["algo"].get("lr_final", 0.0),  # where the learning rate's annealing heads (0: to 0)
         "updates": len(rl), "late_updates": len(late),
         "late_training_cost_per_step": statistics.mean(r["cost/mean"] for r in late),
         "late_training_collision_rate": statistics.mean(r["episode/collision"] for r in late

@@ -171,7 +171,11 @@ class ControlPPOConfig(Section):
     name: Literal["control_ppo"] = Field("control_ppo", description="algorithm")
     steps: int = Field(50, ge=0, description="training steps, one rollout of control.num_envs x "
                        "control.rollout_steps environment steps each")
-    lr: float = Field(2.5e-4, gt=0, le=1, description="Adam learning rate (actor and critic), annealed linearly to 0")
+    lr: float = Field(2.5e-4, gt=0, le=1, description="Adam learning rate (actor and critic), annealed linearly "
+                      "towards lr_final x lr")
+    lr_final: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description=(
+        "where the learning rate's linear annealing heads, as a fraction of lr: update u of algo.steps trains at "
+        "lr x (1 - (1 - lr_final) (u - 1) / steps); 0 = to 0 (CleanRL's schedule), 1 = constant"))
     max_grad_norm: float = Field(0.5, gt=0, description="gradient clipping norm")
     epochs: int = Field(4, ge=1, le=64, description="optimisation passes over each rollout")
     minibatches: int = Field(4, ge=1, description="optimizer steps per epoch (splits the rollout)")
@@ -234,11 +238,23 @@ class SegmentPrefsConfig(Section):
         return self
 
 
+ASSIST_TAKEOVER_FIELDS = ("takeover", "takeover_bc_steps", "takeover_penalty")
+
+
 class ControlAssistConfig(Section):
     """A simulated expert in the loop (control/assist.py): behaviour cloning on its noisy demonstrations as a warm
-    start, then PPO while it takes over where it judges the agent about to fail, each update followed by
-    behaviour cloning on the demonstrations and every takeover so far (HG-DAgger's aggregated intervention data)."""
+    start, then either (mode = "takeover") PPO while it takes over where it judges the agent about to fail, each
+    update followed by behaviour cloning on the demonstrations and every takeover so far (HG-DAgger's aggregated
+    intervention data), or (mode = "dagger") DAgger rounds: the agent rolls out on its own, the expert labels every
+    state it visited, and the policy is cloned on all labels so far."""
 
+    mode: Literal["takeover", "dagger"] = Field("takeover", description=(
+        "what follows the warm start for algo.steps rounds of control.num_envs x control.rollout_steps steps: PPO "
+        "with the expert's takeovers, or DAgger (no PPO: every visited state labelled by the expert, then "
+        "dagger_steps of behaviour cloning on all labels so far)"))
+    dagger_steps: int = Field(50, ge=1, le=100_000, description=(
+        "mode = 'dagger': full-batch behaviour cloning steps after each round, on the demonstrations and every "
+        "labelled state so far (continuing from the policy as it is)"))
     demo_steps: int = Field(80, ge=0, description="environment steps of noisy expert demonstrations (all "
                             "environments together); 0 = none, no warm start")
     demo_noise: float = Field(0.3, ge=0, le=1, description="probability that a demonstrated action is replaced by a "
@@ -253,6 +269,18 @@ class ControlAssistConfig(Section):
                                    "the demonstrations and every taken-over state so far (the expert's action)")
     takeover_penalty: float = Field(1.0, ge=0, allow_inf_nan=False, description=(
         "subtracted from the reward PPO sees at every taken-over step (an intervention cost)"))
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> ControlAssistConfig:
+        given = [k for k in ASSIST_TAKEOVER_FIELDS if k in self.model_fields_set]
+        if self.mode == "dagger" and given:
+            raise ValueError(f"control.assist.{given[0]} is a setting of the takeover mode; mode = 'dagger' has no "
+                             f"takeovers (the expert labels every visited state): remove "
+                             f"{', '.join(f'control.assist.{k}' for k in given)}")
+        if self.mode == "takeover" and "dagger_steps" in self.model_fields_set:
+            raise ValueError("control.assist.dagger_steps is a setting of DAgger rounds: set control.assist.mode = "
+                             "'dagger', or remove it")
+        return self
 
 
 class ControlConfig(Section):
@@ -269,7 +297,8 @@ class ControlConfig(Section):
     cost: str = Field("", description='cost signal (control/envs.py COSTS: "cart_off_centre", "collision"); "" = none')
     preferences: SegmentPrefsConfig = Field(default_factory=SegmentPrefsConfig)
     assist: ControlAssistConfig | None = Field(None, description=(
-        "[control.assist]: demonstrations and takeovers by the environment's simulated expert beside PPO"))
+        "[control.assist]: the environment's simulated expert's demonstrations, then its takeovers beside PPO or "
+        "DAgger rounds"))
 
 
 # One config class per algorithm, told apart by `name`; the run path looks the name up in
@@ -730,7 +759,8 @@ class RunConfig(Section):
         if c is None:
             return
         n = c.num_envs * c.rollout_steps
-        if n % a.minibatches:
+        dagger = c.assist is not None and c.assist.mode == "dagger"  # no PPO, no minibatches
+        if n % a.minibatches and not dagger:
             raise ValueError(f"algo.minibatches={a.minibatches} must divide control.num_envs * control.rollout_steps"
                              f" = {n}")
         if self.cost is not None:
@@ -773,6 +803,14 @@ class RunConfig(Section):
         if self.eval.every:
             raise ValueError("[control.assist] evaluates the greedy policy after every update already: remove "
                              "eval.every")
+        if c.env_options:
+            raise ValueError("[control.assist] makes its environments without options (the simulated expert is "
+                             "written for the default ones): remove control.env_options")
+        ppo = sorted(self.algo.model_fields_set - {"name", "steps"})
+        if c.assist.mode == "dagger" and ppo:
+            raise ValueError(f"algo.{ppo[0]} is a PPO setting; control.assist.mode = 'dagger' trains by behaviour "
+                             "cloning only (algo.steps rounds; control.assist.bc_lr and dagger_steps): remove "
+                             f"{', '.join(f'algo.{k}' for k in ppo)}")
 
     def _check_safety(self) -> None:
         """[cost], [constraint] and [release]: what each needs, and what does not run them yet."""

@@ -35,6 +35,9 @@ def test_the_recipe_parses_with_its_settings():
     ({"assist": {"demo_steps": -1}}, "demo_steps"),
     ({"assist": {}, "reward": "preferences"}, r"control.reward = 'preferences' is not supported"),
     ({"assist": {}, "cost": "cart_off_centre"}, "no cost value head"),
+    ({"assist": {}, "env_options": {"max_episode_steps": 100}}, r"makes its environments without options.*remove "
+                                                                r"control.env_options"),
+    ({"assist": {"dagger_steps": 10}}, "dagger_steps is a setting of DAgger rounds"),
 ])
 def test_malformed_assist_sections_are_refused(extra, match):
     raw = _cfg()

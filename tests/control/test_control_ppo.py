@@ -184,3 +184,42 @@ def test_without_gymnasium_the_run_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "gymnasium", None)  # import gymnasium -> ModuleNotFoundError
     with pytest.raises(ConfigError, match=r"needs gymnasium: pip install 'feedbackrl\[control\]'"):
         run(_cfg(steps=1), tmp_path)
+
+
+def test_the_learning_rate_anneals_towards_lr_final_with_hand_computed_values():
+    from feedbackrl.control.rollout import annealed_lr
+
+    # lr 0.5 over 4 updates: to 0 (the default), halfway (0.5 x lr at update 5), constant
+    assert [annealed_lr(0.5, u, 4) for u in (1, 2, 3, 4)] == [0.5, 0.375, 0.25, 0.125]
+    assert [annealed_lr(0.5, u, 4, 0.5) for u in (1, 2, 3, 4)] == [0.5, 0.4375, 0.375, 0.3125]
+    assert [annealed_lr(0.5, u, 4, 1.0) for u in (1, 2, 3, 4)] == [0.5] * 4
+    # lr_final = 0 is CleanRL's expression bit for bit, so runs without the field are unchanged
+    for lr, steps in ((2.5e-4, 50), (5e-4, 80), (3e-4, 7)):
+        assert [annealed_lr(lr, u, steps, 0.0) for u in range(1, steps + 1)] == \
+            [lr * (1.0 - (u - 1) / steps) for u in range(1, steps + 1)]
+
+
+@pytest.mark.parametrize("final", [0.0, 0.25])
+def test_the_loop_trains_each_update_at_the_annealed_rate(monkeypatch, tmp_path, final):
+    import feedbackrl.control.loop as loop
+
+    seen, update = [], loop.ppo_update
+
+    def spy(policy, optimizer, *args):
+        seen.append([g["lr"] for g in optimizer.param_groups])
+        return update(policy, optimizer, *args)
+
+    monkeypatch.setattr(loop, "ppo_update", spy)
+    data = _data(steps=4, num_envs=2, rollout_steps=16, eval_episodes=1)
+    data["algo"].update(lr=0.001, **({"lr_final": final} if final else {}))
+    run(build_config(data), tmp_path)
+    # lr x (1 - (1 - final) (u - 1) / 4) for u = 1..4, computed by hand
+    want = {0.0: [0.001, 0.00075, 0.0005, 0.00025], 0.25: [0.001, 0.0008125, 0.000625, 0.0004375]}[final]
+    assert [lrs[0] for lrs in seen] == pytest.approx(want, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize(("value", "message"), [(-0.1, "greater than or equal to 0"), (1.5, "less than or equal to 1"),
+                                                (float("nan"), "finite number")])
+def test_lr_final_out_of_range_is_refused(value, message):
+    with pytest.raises(ConfigError, match=f"algo.lr_final.*{message}"):
+        build_config({"algo": {"name": "control_ppo", "lr_final": value}, "control": {}})

@@ -29,10 +29,11 @@ id) with its test of "about to fail". What it gives the learner:
 Success is the greedy policy on its own, no expert watching: an evaluation episode counts when it runs to the
 environment's time limit without terminating (on CartPole-v1: 500 steps without the pole falling).
 
-`feedbackrl train` runs it for a recipe with a `[control.assist]` section (`run_recipe`, e.g.
-`recipes/cartpole_assist.toml`): the BC warm start, then `algo.steps` updates of `run_assisted`, the takeover
-rate and the greedy success logged per update. `benchmarks/bench_assist.py` drives the same functions for every
-arm of the comparison.
+`feedbackrl train` runs it for a recipe with a `[control.assist]` section (`run_recipe`): the BC warm start,
+then `algo.steps` updates of `run_assisted` (`recipes/cartpole_assist.toml`; the takeover rate and the greedy
+success logged per update) or, with `mode = "dagger"`, `algo.steps` rounds of `dagger`
+(`recipes/cartpole_dagger.toml`; the labels so far and the greedy success logged per round).
+`benchmarks/bench_assist.py` drives the same functions for every arm of the comparison.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
 from feedbackrl.config import ConfigError, ControlPPOConfig, RunConfig
 from feedbackrl.control.envs import make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
-from feedbackrl.control.rollout import Collector, minibatch_indices, rollout_advantages
+from feedbackrl.control.rollout import Collector, annealed_lr, minibatch_indices, rollout_advantages
 from feedbackrl.log import MetricsSink, console
 from feedbackrl.train.checkpoint import ModuleFiles, save_checkpoint
 
@@ -255,7 +256,7 @@ def run_assisted(policy: ActorCritic, cfg: AssistConfig, seed: int, demos: tuple
     log: list[dict[str, Any]] = [{"update": 0, "env_steps": 0, **evaluate(policy, cfg, seed + 10_000)}]
     for u in range(1, cfg.updates + 1):
         for group in optimizer.param_groups:
-            group["lr"] = a.lr * (1 - (u - 1) / cfg.updates)
+            group["lr"] = annealed_lr(a.lr, u, cfg.updates, a.lr_final)
         ro = collector.collect(agent, cfg.rollout_steps, gen)
         taken, agent_actions, expert_actions = agent.pop()
         rewards = ro.rewards - cfg.takeover_penalty * taken.float()
@@ -296,17 +297,18 @@ def assist_config(cfg: RunConfig) -> AssistConfig:
     return AssistConfig(env=c.env, num_envs=c.num_envs, rollout_steps=c.rollout_steps, demo_steps=s.demo_steps,
                         demo_noise=s.demo_noise, bc_steps=s.bc_steps, bc_lr=s.bc_lr, updates=cfg.algo.steps,
                         takeover=s.takeover, takeover_bc_steps=s.takeover_bc_steps,
-                        takeover_penalty=s.takeover_penalty, eval_episodes=c.eval_episodes, hidden=c.hidden,
-                        ppo=cfg.algo)
+                        takeover_penalty=s.takeover_penalty, dagger_steps=s.dagger_steps,
+                        eval_episodes=c.eval_episodes, hidden=c.hidden, ppo=cfg.algo)
 
 
 def run_recipe(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSink) -> dict[str, Any]:
     """`feedbackrl train` with `[control.assist]`: behaviour cloning on the expert's noisy demonstrations, then
-    `algo.steps` updates of `run_assisted`; the final policy saved as a control checkpoint (`feedbackrl eval`
-    reads it). -> the report's control section."""
+    `algo.steps` updates of `run_assisted` (mode = "takeover") or rounds of `dagger` (mode = "dagger", the
+    demonstrations its first labels); the final policy saved as a control checkpoint (`feedbackrl eval` reads it).
+    -> the report's control section."""
     if ckpt is not None:
         raise ConfigError("--resume: a run with [control.assist] cannot continue from a checkpoint yet (its "
-                          "takeover data are not saved); start the run again")
+                          "expert labels are not saved); start the run again")
     a, seed = assist_config(cfg), cfg.train.seed
     policy = new_policy(a, seed)
     before = evaluate(policy, a, seed + 10_000)
@@ -323,18 +325,34 @@ def run_recipe(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSi
     def on_update(row: dict[str, Any]) -> None:
         sink.log(row["update"], {"phase": "rl", **{k: v for k, v in row.items() if k != "update"}})
 
-    t0 = time.perf_counter()
-    log = run_assisted(policy, a, seed, demos, on_update)
-    train_s = time.perf_counter() - t0
     envs = make_vec_env(a.env, 1)
     obs_dim, act_dim, discrete = space_dims(envs)
     envs.close()
+    t0 = time.perf_counter()
+    if cfg.control.assist.mode == "dagger":  # the demonstrations are the first labels (none: an empty start)
+        start = demos if demos is not None else (torch.empty(0, obs_dim), torch.empty(0, dtype=torch.int64))
+        log = dagger(policy, a, seed, *start, on_update)
+    else:
+        log = run_assisted(policy, a, seed, demos, on_update)
+    train_s = time.perf_counter() - t0
     model_config = {"obs_dim": obs_dim, "action_dim": act_dim, "discrete": discrete, "hidden": a.hidden,
                     "value_heads": 1, "env": a.env}
     # a control checkpoint (`feedbackrl eval` reads it) without what a resume needs: an assisted run does not resume
     save_checkpoint(out_dir, a.updates, ModuleFiles(policy, model_config), None, {}, cfg.model_dump_json(indent=2),
                     {"eval_before": before})
     after = {k: v for k, v in log[-1].items() if k.startswith("eval/")}
+    report = {"env": a.env, "reward_signal": "env", "env_steps": a.updates * a.num_envs * a.rollout_steps,
+              "control_eval_before": before, "control_eval_bc": warm, "control_eval_after": after,
+              "train_seconds": train_s}
+    n_demo = len(demos[1]) if demos is not None else 0
+    if cfg.control.assist.mode == "dagger":
+        labels = int(log[-1].get("dagger/labels", n_demo))
+        console.print(f"{a.env}: greedy success {before['eval/success']:.2f} -> {warm['eval/success']:.2f} (BC) -> "
+                      f"{after['eval/success']:.2f} over {a.eval_episodes} held-out episodes after {a.updates} "
+                      f"DAgger rounds; {labels - n_demo} states labelled by the expert beside {n_demo} "
+                      "demonstration steps")
+        return {**report, "assist": {"mode": "dagger", "demo_steps": n_demo, "rounds": a.updates,
+                                     "dagger_labels": labels - n_demo, "labels": labels}}
     rates = [r["assist/takeover_rate"] for r in log[1:]]
     k = max(1, len(rates) // 4)
     summary = {"takeover_labels": log[-1].get("assist/takeover_labels", 0.0) if rates else 0.0,
@@ -344,16 +362,16 @@ def run_recipe(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsSi
                   f"{after['eval/success']:.2f} over {a.eval_episodes} held-out episodes; takeover rate "
                   f"{summary['takeover_rate_first_quarter']:.3f} -> {summary['takeover_rate_last_quarter']:.3f} "
                   f"(first and last quarter of the updates), {summary['takeover_labels']:.0f} expert labels")
-    return {"env": a.env, "reward_signal": "env", "env_steps": a.updates * a.num_envs * a.rollout_steps,
-            "control_eval_before": before, "control_eval_bc": warm, "control_eval_after": after,
-            "train_seconds": train_s,
-            "assist": {"demo_steps": len(demos[1]) if demos is not None else 0, **summary}}
+    return {**report, "assist": {"demo_steps": n_demo, **summary}}
 
 
-def dagger(policy: ActorCritic, cfg: AssistConfig, seed: int, obs: Tensor, actions: Tensor) -> list[dict[str, Any]]:
-    """cfg.updates DAgger rounds from the demonstrations (obs, actions): roll the agent out (no takeovers, its
-    own sampled actions), label every visited state with the expert's action, behaviour-clone on all labels so
-    far. -> one metrics dict per round (and the evaluation before the first)."""
+def dagger(policy: ActorCritic, cfg: AssistConfig, seed: int, obs: Tensor, actions: Tensor,
+           on_update: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """cfg.updates DAgger rounds from the demonstrations (obs, actions; may be empty): roll the agent out (no
+    takeovers, its own sampled actions), label every visited state with the expert's action, behaviour-clone
+    (cfg.dagger_steps full-batch steps) on all labels so far. -> one metrics dict per round (and the evaluation
+    before the first), each round's also passed to `on_update` as it is made; `dagger/labels` counts all labels
+    so far, the demonstrations included."""
     expert = EXPERTS[cfg.env]
     collector = Collector(make_vec_env(cfg.env, cfg.num_envs), seed)
     gen = torch.Generator().manual_seed(seed)
@@ -367,5 +385,7 @@ def dagger(policy: ActorCritic, cfg: AssistConfig, seed: int, obs: Tensor, actio
         stats = behaviour_clone(policy, obs, actions, cfg.dagger_steps, cfg.bc_lr)
         log.append({"update": u, "env_steps": u * cfg.num_envs * cfg.rollout_steps, "dagger/disagreement": disagree,
                     "dagger/labels": len(actions), **stats, **evaluate(policy, cfg, seed + 10_000)})
+        if on_update is not None:
+            on_update(log[-1])
     collector.envs.close()
     return log

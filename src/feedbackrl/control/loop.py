@@ -42,10 +42,10 @@ steps in `loss`) fits the shape of that contract but not its types; (c) the text
 optional per task kind (the frozen reference, `train.precision` autocast, micro-batches, `torchrun` ranks and
 sharding, Ray and vLLM collectors, probe prompts, transcripts, staleness); and (d) this loop's own choices kept,
 to leave its results unchanged: a permutation drawn every epoch even with one minibatch, Adam with eps 1e-5
-(the text loop uses fused AdamW), the learning rate annealed linearly to 0, the labelling rounds inside the
-step. That is a change to every objective and collector, not a wrapper over the two loops; until it is made,
-the two loops share everything after the update (steps 6 and 7 and the checkpoint) by calling the same
-functions.
+(the text loop uses fused AdamW), the learning rate annealed linearly (to 0 unless algo.lr_final), the
+labelling rounds inside the step. That is a change to every objective and collector, not a wrapper over the two
+loops; until it is made, the two loops share everything after the update (steps 6 and 7 and the checkpoint) by
+calling the same functions.
 """
 
 from __future__ import annotations
@@ -58,15 +58,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from feedbackrl.algos.constrained import combined_advantages
 from feedbackrl.algos.ppo import ppo_policy_loss, value_loss, whiten
-from feedbackrl.config import ConfigError, ConstraintConfig, ControlPPOConfig, RunConfig
+from feedbackrl.config import ConfigError, ConstraintConfig, ControlAssistConfig, ControlPPOConfig, RunConfig
 from feedbackrl.control.assist import run_recipe
 from feedbackrl.control.envs import COSTS, CostFn, make_vec_env, space_dims
 from feedbackrl.control.policy import ActorCritic
 from feedbackrl.control.preferences import PreferenceLearner
-from feedbackrl.control.rollout import Collector, Rollout, minibatch_indices, rollout_advantages
+from feedbackrl.control.rollout import Collector, Rollout, annealed_lr, minibatch_indices, rollout_advantages
 from feedbackrl.log import MetricsSink, console, progress
 from feedbackrl.monitors.monitor import Monitor
 from feedbackrl.monitors.report import alerts_section
@@ -139,13 +140,23 @@ class _Greedy:
         return self.policy.values(obs)
 
 
+def _given(section: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """A saved config section without the entries that hold the model's defaults."""
+    return {k: v for k, v in section.items() if v != model.model_fields[k].default}
+
+
 def load_checkpoint(ckpt: Path) -> tuple[ActorCritic, RunConfig]:
     """A control checkpoint dir -> its policy (in eval mode) and the run's config."""
     saved = json.loads((ckpt / CONFIG_FILE).read_text())  # every field written; a control run reads these
-    if saved.get("constraint") is not None:  # every field was written, the other multiplier's defaults too: they
-        # would read as set and be refused (constraint.kd with multiplier = "lagrangian"), so defaults are dropped
-        saved["constraint"] = {k: v for k, v in saved["constraint"].items()
-                               if v != ConstraintConfig.model_fields[k].default}
+    # every field was written, defaults too: where a setting's mere presence is refused beside another (constraint.kd
+    # with multiplier = "lagrangian", algo.lr or control.assist.takeover with control.assist.mode = "dagger"), a
+    # default would read as set, so the defaults of those sections are dropped
+    if saved.get("constraint") is not None:
+        saved["constraint"] = _given(saved["constraint"], ConstraintConfig)
+    assist = (saved.get("control") or {}).get("assist")
+    if assist is not None:
+        saved["control"]["assist"] = _given(assist, ControlAssistConfig)
+        saved["algo"] = {"name": saved["algo"]["name"], **_given(saved["algo"], ControlPPOConfig)}
     cfg = RunConfig.model_validate({k: saved[k] for k in ("algo", "control", "train", "constraint")
                                     if saved.get(k) is not None})
     m = json.loads((ckpt / MODEL_CONFIG).read_text())
@@ -282,8 +293,8 @@ def run_control(cfg: RunConfig, out_dir: Path, ckpt: Path | None, sink: MetricsS
     with stack, progress() as bar:
         task = bar.add_task("control_ppo", total=a.steps, completed=start, info="")
         for step in range(start + 1, a.steps + 1):
-            for group in optimizer.param_groups:  # linear annealing to 0, as CleanRL and SB3's examples do
-                group["lr"] = a.lr * (1.0 - (step - 1) / a.steps)
+            for group in optimizer.param_groups:  # linear annealing to algo.lr_final x lr (0: CleanRL's schedule)
+                group["lr"] = annealed_lr(a.lr, step, a.steps, a.lr_final)
             # 1. roll out
             t_roll = time.perf_counter()
             clips = shrink if learner is not None and ask is not None and learner.round_due(step - 1) else None

@@ -185,3 +185,10 @@ def minibatch_indices(n: int, minibatches: int, epochs: int, generator: torch.Ge
         perm = torch.randperm(n, generator=generator)
         for i in range(minibatches):
             yield perm[i * size:(i + 1) * size]
+
+
+def annealed_lr(lr: float, update: int, updates: int, final: float = 0.0) -> float:
+    """The learning rate of update `update` (1-based) of `updates`: linear from `lr` at the first update towards
+    `final` x lr one update past the last (CleanRL's schedule at final = 0: lr x (1 - (update - 1) / updates), the
+    last update at lr / updates). final = 0 computes exactly that expression, bit for bit."""
+    return lr * (1.0 - (1.0 - final) * (update - 1) / updates)
