@@ -3,13 +3,23 @@
 
 Run: make imitation-venv && .venv/bin/python benchmarks/bench_imitation.py [--envs cartpole,fixed]
      [--budgets 50,150,400] [--seeds 3]
-Writes benchmarks/results/imitation.json (after every run, provenance included) and docs/imitation.png.
+     driving: .venv/bin/python benchmarks/bench_imitation.py --envs highway --budgets 1000,200 --seeds 3
+Writes benchmarks/results/imitation.json (after every run, provenance included; driving under its "driving"
+key, the classic control results at the top level) and docs/imitation.png (docs/imitation_highway.png).
 
 - imitation 1.0.1 pins gymnasium~=0.29 and stable-baselines3~=2.2.1, so it runs in its own virtualenv
   (`.venv-imitation`, `make imitation-venv`) as a subprocess: benchmarks/imitation_side.py, whose docstring
   lists its settings. Ours runs here, on gymnasium 1.x. Classic control is the same in both gymnasium
   versions; before any training this script steps one seeded episode of each environment on both sides under
   the same actions and records the largest difference in observations and rewards (0 expected).
+- driving: "highway" is highway-env's highway-fast-v0 with recipes/highway_prefs.toml's configuration (20
+  steps, 10 other vehicles): ours `feedbackrl/highway-fast-v0` on highway-env 1.12.1, imitation's highway-env
+  1.9.1 (the last release for gymnasium 0.29; `make imitation-venv` installs it) with our flat float32
+  observation. The cross-check steps 20 seeded episodes (seeds 5-24) under two fixed controllers and compares
+  observations (imitation's side with highway-env's own pandas observation and with our numpy one), rewards,
+  terminations and truncations. Our side runs recipes/highway_prefs.toml (its 1,000 labels replaced by the
+  budget, its teacher by the Boltzmann one); SB3's PPO gets that recipe's PPO settings; 20,480 PPO steps,
+  segments of 10 steps, the greedy return and collision rate on 20 held-out episodes.
 - environments: "cartpole" is CartPole-v1 (variable horizon: the episode ends when the pole falls; imitation
   needs allow_variable_horizon=True, as its own `cartpole` config sets); "fixed" is the fixed-horizon
   CartPole of the `seals` package (`seals/CartPole-v0` there, `feedbackrl.control.fixed_horizon` here: 500
