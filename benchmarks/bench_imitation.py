@@ -51,6 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULT_TAG, provenance, setup_threads  # noqa: E402
+from cross_check import record_episodes  # noqa: E402
 
 from feedbackrl.config import load_config  # noqa: E402
 from feedbackrl.train.run import run  # noqa: E402
@@ -76,17 +77,6 @@ SETTINGS = {
                 "eval_every": 8, "options": {"config": HIGHWAY_CONFIG}},
 }
 SETTINGS["fixed"] = SETTINGS["cartpole"]
-HIGHWAY_ACTIONS = ((3, 0, 1, 3, 2, 4, 3, 0, 2, 1), (1, 1, 4, 1, 3, 1, 4, 1, 2, 1))  # as imitation_side.py
-
-
-def controller(name: str, obs: Any, t: int, episode: int = 0) -> int:
-    """imitation_side.controller: a balancing rule on CartPole; on highway-fast-v0 a cycle of the meta-actions,
-    one that changes lanes often in even episodes, a cautious one in odd ones."""
-    if name == "highway":
-        return HIGHWAY_ACTIONS[episode % 2][t % 10]
-    return int(obs[2] + 0.3 * obs[3] > 0) if t % 9 else t % 2
-
-
 def imitation_side(*args: str) -> dict[str, Any]:
     if not IMITATION_PY.exists():
         raise SystemExit(f"{IMITATION_PY.relative_to(ROOT)} is missing: run `make imitation-venv` first")
@@ -109,22 +99,7 @@ def check_env(name: str, seed: int = 5, steps: int = 600, episodes: int = 1) -> 
     ours_id, theirs_id = ENVS[name]
     options = SETTINGS[name]["options"]
     make_vec_env(ours_id, 1, options).close()  # registers a "module:Id" environment
-    mine = []
-    for i in range(episodes):
-        env = gym.make(ours_id, **options)
-        obs, _ = env.reset(seed=seed + i)
-        ep: dict[str, list[Any]] = {"obs": [[float(v) for v in obs]], "rewards": [], "terminated": [],
-                                    "truncated": []}
-        for t in range(steps):
-            obs, r, term, trunc, _ = env.step(controller(name, obs, t, i))
-            ep["obs"].append([float(v) for v in obs])
-            ep["rewards"].append(float(r))
-            ep["terminated"].append(bool(term))
-            ep["truncated"].append(bool(trunc))
-            if term or trunc:
-                break
-        mine.append(ep)
-        env.close()
+    mine = record_episodes(lambda: gym.make(ours_id, **options), name == "highway", seed, steps, episodes)
     out = imitation_side("--env", theirs_id, "--seed", str(seed), "--check-env", str(steps), "--check-episodes",
                          str(episodes))
     result: dict[str, Any] = {"episodes": episodes, "seeds": [seed + i for i in range(episodes)],
@@ -190,6 +165,14 @@ def reference(name: str, seed: int, out: Path) -> float:
     return report["control_eval_after"]["eval/return"]
 
 
+def _provenance_lines(results: dict[str, Any]) -> str:
+    """A figure's last two title lines: when, where, the load, and the command that made `results`."""
+    p = results.get("provenance", {})
+    return (f"{p.get('date', '')}, {p.get('machine', '')}, load {p.get('load_average', '')} at start, "
+            f"{results.get('load_average_end', '')} at end\ncommit {p.get('commit', '')}: "
+            f"python benchmarks/bench_imitation.py {' '.join(p.get('argv', [])[1:])}")
+
+
 def plot(results: dict[str, Any]) -> None:
     import matplotlib
 
@@ -228,13 +211,10 @@ def plot(results: dict[str, Any]) -> None:
             ax.set_ylim(0, 520)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    p = results.get("provenance", {})
     n_seeds = max(len(c["ours"]) for cells in results["runs"].values() for c in cells.values())
     fig.suptitle(f"Preference PPO (feedbackrl) vs imitation 1.0.1 PreferenceComparisons + SB3 PPO, Boltzmann teacher "
                  f"(beta 1), {n_seeds} seeds\n"
-                 f"{p.get('date', '')}, {p.get('machine', '')}, load {p.get('load_average', '')} at start, "
-                 f"{results.get('load_average_end', '')} at end\ncommit {p.get('commit', '')}: "
-                 f"python benchmarks/bench_imitation.py {' '.join(p.get('argv', [])[1:])}", fontsize=8)
+                 + _provenance_lines(results), fontsize=8)
     fig.tight_layout()
     fig.savefig(FIGURE, dpi=110)
 
@@ -270,13 +250,10 @@ def plot_driving(section: dict[str, Any]) -> None:
         ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    p = section.get("provenance", {})
     n_seeds = max(len(c["ours"]) for c in runs.values())
     fig.suptitle(f"Driving: preference PPO (feedbackrl, highway-env 1.12.1) vs imitation 1.0.1 PreferenceComparisons "
                  f"+ SB3 PPO (highway-env 1.9.1), Boltzmann teacher (beta 1), {n_seeds} seeds\n"
-                 f"{p.get('date', '')}, {p.get('machine', '')}, load {p.get('load_average', '')} at start, "
-                 f"{section.get('load_average_end', '')} at end\ncommit {p.get('commit', '')}: "
-                 f"python benchmarks/bench_imitation.py {' '.join(p.get('argv', [])[1:])}", fontsize=8)
+                 + _provenance_lines(section), fontsize=8)
     fig.tight_layout()
     fig.savefig(FIGURE_HIGHWAY, dpi=110)
 

@@ -40,13 +40,13 @@ import time
 
 import numpy as np
 import torch
+from cross_check import record_episodes
 from stable_baselines3.common.vec_env import VecEnvWrapper
 
 RESULT_TAG = "BENCH_RESULT "
 HIGHWAY = "highway-fast-v0"
 HIGHWAY_CONFIG = {"duration": 20, "vehicles_count": 10}  # recipes/highway_prefs.toml's [control.env_options.config]
 # PPO per environment: our control_ppo's settings in recipes/cartpole_prefs.toml and recipes/highway_prefs.toml
-HIGHWAY_ACTIONS = ((3, 0, 1, 3, 2, 4, 3, 0, 2, 1), (1, 1, 4, 1, 3, 1, 4, 1, 2, 1))  # the cross-check's controllers
 PPO_SETTINGS = {
     "classic": {"n_steps": 128, "batch_size": 256, "n_epochs": 4, "lr": 2.5e-4, "gamma": 0.99, "ent_coef": 0.0},
     HIGHWAY: {"n_steps": 32, "batch_size": 64, "n_epochs": 8, "lr": 5e-4, "gamma": 0.9, "ent_coef": 0.01},
@@ -122,15 +122,6 @@ def make_env(env_id: str, pandas_obs: bool = False):
     return gym.make(env_id)
 
 
-def controller(env_id: str, obs, t: int, episode: int = 0) -> int:
-    """The fixed controller of the cross-check: on CartPole a balancing rule with a fixed action every 9th step;
-    on highway-fast-v0 a cycle of the five meta-actions, in even episodes one that changes lanes often (and soon
-    crashes), in odd ones a cautious one (mostly idle and slower)."""
-    if env_id == HIGHWAY:
-        return HIGHWAY_ACTIONS[episode % 2][t % 10]
-    return int(obs[2] + 0.3 * obs[3] > 0) if t % 9 else t % 2
-
-
 def evaluate(policy, env_id: str, episodes: int, seed: int) -> dict:
     """Greedy actions, one episode on each of `episodes` environments seeded seed + i: the mean true return
     and the share of episodes that end in a crash (driving; 0 elsewhere)."""
@@ -153,21 +144,7 @@ def evaluate(policy, env_id: str, episodes: int, seed: int) -> dict:
 def check_env(env_id: str, seed: int, steps: int, episodes: int, pandas_obs: bool = False) -> dict:
     """Observations, rewards, terminations and truncations of `episodes` seeded episodes (seeds seed + i) under
     the fixed controller, for the cross-check."""
-    out = []
-    for i in range(episodes):
-        env = make_env(env_id, pandas_obs)
-        obs, _ = env.reset(seed=seed + i)
-        ep = {"obs": [[float(v) for v in obs]], "rewards": [], "terminated": [], "truncated": []}
-        for t in range(steps):
-            obs, r, term, trunc, _ = env.step(controller(env_id, obs, t, i))
-            ep["obs"].append([float(v) for v in obs])
-            ep["rewards"].append(float(r))
-            ep["terminated"].append(bool(term))
-            ep["truncated"].append(bool(trunc))
-            if term or trunc:
-                break
-        out.append(ep)
-        env.close()
+    out = record_episodes(lambda: make_env(env_id, pandas_obs), env_id == HIGHWAY, seed, steps, episodes)
     return {"episodes": out}
 
 
